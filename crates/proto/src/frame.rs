@@ -1,0 +1,710 @@
+//! Wire codec.
+//!
+//! Every message starts with JMUX's 4-byte header:
+//!
+//! ```text
+//! u8 msgType | u16 msgSize (whole message, header included, big endian) | u8 msgFlags
+//! ```
+//!
+//! Types 100–106 are JMUX's and keep JMUX's exact layout, so longhaul can talk
+//! to `jetsocat jmux-proxy`. Types 110 and above are longhaul extensions and
+//! are only accepted once the native handshake has been made.
+//!
+//! Decoding never panics and never allocates more than the declared frame
+//! size, which is itself bounded by `u16::MAX` and by the caller's limit.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+/// Size of the common header.
+pub const HEADER_LEN: usize = 4;
+/// Largest message the 16-bit size field can describe.
+pub const MAX_FRAME_LEN: usize = u16::MAX as usize;
+/// Header of a DATA message: common header + recipient channel id.
+pub const DATA_HEADER_LEN: usize = HEADER_LEN + 4;
+/// Largest DATA payload a single message can carry.
+pub const MAX_DATA_PAYLOAD: usize = MAX_FRAME_LEN - DATA_HEADER_LEN;
+
+pub const T_OPEN: u8 = 100;
+pub const T_OPEN_SUCCESS: u8 = 101;
+pub const T_OPEN_FAILURE: u8 = 102;
+pub const T_WINDOW_ADJUST: u8 = 103;
+pub const T_DATA: u8 = 104;
+pub const T_EOF: u8 = 105;
+pub const T_CLOSE: u8 = 106;
+// longhaul extensions (native mode only)
+pub const T_PING: u8 = 110;
+pub const T_PONG: u8 = 111;
+pub const T_BIND: u8 = 112;
+pub const T_BIND_SUCCESS: u8 = 113;
+pub const T_BIND_FAILURE: u8 = 114;
+
+/// Why an OPEN (or a BIND) failed. The values are JMUX's, which are SOCKS5's
+/// reply codes, so a SOCKS5 front end can pass them straight through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Reason(pub u32);
+
+impl Reason {
+    pub const GENERAL_FAILURE: Reason = Reason(1);
+    pub const NOT_ALLOWED: Reason = Reason(2);
+    pub const NETWORK_UNREACHABLE: Reason = Reason(3);
+    pub const HOST_UNREACHABLE: Reason = Reason(4);
+    pub const CONNECTION_REFUSED: Reason = Reason(5);
+    pub const TTL_EXPIRED: Reason = Reason(6);
+    pub const ADDRESS_TYPE_NOT_SUPPORTED: Reason = Reason(8);
+
+    /// Maps an I/O error from a connect attempt to the closest reason.
+    pub fn from_io(kind: std::io::ErrorKind) -> Reason {
+        use std::io::ErrorKind::*;
+        match kind {
+            ConnectionRefused => Reason::CONNECTION_REFUSED,
+            TimedOut => Reason::TTL_EXPIRED,
+            HostUnreachable => Reason::HOST_UNREACHABLE,
+            NetworkUnreachable => Reason::NETWORK_UNREACHABLE,
+            NotFound => Reason::HOST_UNREACHABLE,
+            _ => Reason::GENERAL_FAILURE,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self.0 {
+            1 => "general failure",
+            2 => "not allowed",
+            3 => "network unreachable",
+            4 => "host unreachable",
+            5 => "connection refused",
+            6 => "timed out",
+            8 => "address type not supported",
+            _ => "other failure",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One protocol message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    Open {
+        sender: u32,
+        window: u32,
+        max_packet: u16,
+        /// `tcp://host:port`
+        dest: String,
+    },
+    OpenSuccess {
+        recipient: u32,
+        sender: u32,
+        window: u32,
+        max_packet: u16,
+    },
+    OpenFailure {
+        recipient: u32,
+        reason: Reason,
+        description: String,
+    },
+    WindowAdjust {
+        recipient: u32,
+        increment: u32,
+    },
+    Data {
+        recipient: u32,
+        payload: Bytes,
+    },
+    Eof {
+        recipient: u32,
+    },
+    Close {
+        recipient: u32,
+    },
+    /// Liveness and RTT probe; the peer echoes `nonce` in a PONG.
+    Ping {
+        nonce: u64,
+    },
+    Pong {
+        nonce: u64,
+    },
+    /// Ask the peer to listen on `bind` (`host:port`) and to OPEN a stream to
+    /// `dest` back to us for every connection it accepts there (`-R`).
+    Bind {
+        request: u32,
+        bind: String,
+        dest: String,
+    },
+    BindSuccess {
+        request: u32,
+        port: u16,
+    },
+    BindFailure {
+        request: u32,
+        reason: Reason,
+        description: String,
+    },
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FrameError {
+    #[error("frame declares size {0}, smaller than its header")]
+    TooSmall(usize),
+    #[error("frame of {size} bytes exceeds the limit of {limit}")]
+    TooLarge { size: usize, limit: usize },
+    #[error("unknown message type {0}")]
+    UnknownType(u8),
+    #[error("{0} message truncated")]
+    Truncated(&'static str),
+    #[error("{0} carries a string that is not UTF-8")]
+    BadString(&'static str),
+    #[error("message would be {0} bytes, more than a frame can hold")]
+    Oversized(usize),
+}
+
+impl Frame {
+    pub fn type_code(&self) -> u8 {
+        match self {
+            Frame::Open { .. } => T_OPEN,
+            Frame::OpenSuccess { .. } => T_OPEN_SUCCESS,
+            Frame::OpenFailure { .. } => T_OPEN_FAILURE,
+            Frame::WindowAdjust { .. } => T_WINDOW_ADJUST,
+            Frame::Data { .. } => T_DATA,
+            Frame::Eof { .. } => T_EOF,
+            Frame::Close { .. } => T_CLOSE,
+            Frame::Ping { .. } => T_PING,
+            Frame::Pong { .. } => T_PONG,
+            Frame::Bind { .. } => T_BIND,
+            Frame::BindSuccess { .. } => T_BIND_SUCCESS,
+            Frame::BindFailure { .. } => T_BIND_FAILURE,
+        }
+    }
+
+    /// Whether this message is a longhaul extension (not valid in JMUX mode).
+    pub fn is_extension(&self) -> bool {
+        self.type_code() >= T_PING
+    }
+
+    fn body_len(&self) -> usize {
+        match self {
+            Frame::Open { dest, .. } => 10 + dest.len(),
+            Frame::OpenSuccess { .. } => 14,
+            Frame::OpenFailure { description, .. } => 8 + description.len(),
+            Frame::WindowAdjust { .. } => 8,
+            Frame::Data { payload, .. } => 4 + payload.len(),
+            Frame::Eof { .. } | Frame::Close { .. } => 4,
+            Frame::Ping { .. } | Frame::Pong { .. } => 8,
+            Frame::Bind { bind, dest, .. } => 4 + 2 + bind.len() + dest.len(),
+            Frame::BindSuccess { .. } => 6,
+            Frame::BindFailure { description, .. } => 8 + description.len(),
+        }
+    }
+
+    /// Encoded size, header included.
+    pub fn encoded_len(&self) -> usize {
+        HEADER_LEN + self.body_len()
+    }
+
+    /// Appends the encoded message to `dst`.
+    pub fn encode(&self, dst: &mut BytesMut) -> Result<(), FrameError> {
+        let len = self.encoded_len();
+        if len > MAX_FRAME_LEN {
+            return Err(FrameError::Oversized(len));
+        }
+        dst.reserve(len);
+        dst.put_u8(self.type_code());
+        dst.put_u16(len as u16);
+        dst.put_u8(0);
+        match self {
+            Frame::Open {
+                sender,
+                window,
+                max_packet,
+                dest,
+            } => {
+                dst.put_u32(*sender);
+                dst.put_u32(*window);
+                dst.put_u16(*max_packet);
+                dst.put_slice(dest.as_bytes());
+            }
+            Frame::OpenSuccess {
+                recipient,
+                sender,
+                window,
+                max_packet,
+            } => {
+                dst.put_u32(*recipient);
+                dst.put_u32(*sender);
+                dst.put_u32(*window);
+                dst.put_u16(*max_packet);
+            }
+            Frame::OpenFailure {
+                recipient,
+                reason,
+                description,
+            } => {
+                dst.put_u32(*recipient);
+                dst.put_u32(reason.0);
+                dst.put_slice(description.as_bytes());
+            }
+            Frame::WindowAdjust {
+                recipient,
+                increment,
+            } => {
+                dst.put_u32(*recipient);
+                dst.put_u32(*increment);
+            }
+            Frame::Data { recipient, payload } => {
+                dst.put_u32(*recipient);
+                dst.put_slice(payload);
+            }
+            Frame::Eof { recipient } | Frame::Close { recipient } => dst.put_u32(*recipient),
+            Frame::Ping { nonce } | Frame::Pong { nonce } => dst.put_u64(*nonce),
+            Frame::Bind {
+                request,
+                bind,
+                dest,
+            } => {
+                dst.put_u32(*request);
+                dst.put_u16(bind.len() as u16);
+                dst.put_slice(bind.as_bytes());
+                dst.put_slice(dest.as_bytes());
+            }
+            Frame::BindSuccess { request, port } => {
+                dst.put_u32(*request);
+                dst.put_u16(*port);
+            }
+            Frame::BindFailure {
+                request,
+                reason,
+                description,
+            } => {
+                dst.put_u32(*request);
+                dst.put_u32(reason.0);
+                dst.put_slice(description.as_bytes());
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes into a fresh buffer.
+    pub fn to_bytes(&self) -> Result<Bytes, FrameError> {
+        let mut b = BytesMut::with_capacity(self.encoded_len());
+        self.encode(&mut b)?;
+        Ok(b.freeze())
+    }
+}
+
+/// Writes a DATA header for a payload of `payload_len` bytes into `dst[..8]`.
+/// Lets a sender read socket data straight into a buffer that already has
+/// room for its header, so the frame goes out without another copy.
+pub fn write_data_header(dst: &mut [u8], recipient: u32, payload_len: usize) {
+    debug_assert!(payload_len <= MAX_DATA_PAYLOAD);
+    let total = (DATA_HEADER_LEN + payload_len) as u16;
+    dst[0] = T_DATA;
+    dst[1..3].copy_from_slice(&total.to_be_bytes());
+    dst[3] = 0;
+    dst[4..8].copy_from_slice(&recipient.to_be_bytes());
+}
+
+/// Options for [`decode`].
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeLimits {
+    /// Largest frame accepted (≤ 65535).
+    pub max_frame: usize,
+    /// Accept longhaul extension messages (native mode).
+    pub extensions: bool,
+}
+
+impl Default for DecodeLimits {
+    fn default() -> Self {
+        DecodeLimits {
+            max_frame: MAX_FRAME_LEN,
+            extensions: true,
+        }
+    }
+}
+
+/// Takes one complete message off the front of `buf`.
+///
+/// Returns `Ok(None)` when more bytes are needed (nothing is consumed), and an
+/// error for a message that can never be valid; the caller then closes the
+/// session. DATA payloads are zero-copy slices of `buf`'s storage.
+pub fn decode(buf: &mut BytesMut, limits: DecodeLimits) -> Result<Option<Frame>, FrameError> {
+    if buf.len() < HEADER_LEN {
+        return Ok(None);
+    }
+    let ty = buf[0];
+    let size = u16::from_be_bytes([buf[1], buf[2]]) as usize;
+    if size < HEADER_LEN {
+        return Err(FrameError::TooSmall(size));
+    }
+    if size > limits.max_frame {
+        return Err(FrameError::TooLarge {
+            size,
+            limit: limits.max_frame,
+        });
+    }
+    let known = (T_OPEN..=T_CLOSE).contains(&ty)
+        || (limits.extensions && (T_PING..=T_BIND_FAILURE).contains(&ty));
+    if !known {
+        return Err(FrameError::UnknownType(ty));
+    }
+    if buf.len() < size {
+        return Ok(None);
+    }
+    let mut frame = buf.split_to(size).freeze();
+    frame.advance(HEADER_LEN);
+    decode_body(ty, frame).map(Some)
+}
+
+fn need(b: &Bytes, n: usize, what: &'static str) -> Result<(), FrameError> {
+    if b.len() < n {
+        Err(FrameError::Truncated(what))
+    } else {
+        Ok(())
+    }
+}
+
+fn string(b: &[u8], what: &'static str) -> Result<String, FrameError> {
+    // JMUX says implementations should ignore NUL terminators.
+    let end = b.iter().rposition(|&c| c != 0).map_or(0, |i| i + 1);
+    std::str::from_utf8(&b[..end])
+        .map(str::to_owned)
+        .map_err(|_| FrameError::BadString(what))
+}
+
+fn decode_body(ty: u8, mut b: Bytes) -> Result<Frame, FrameError> {
+    let f = match ty {
+        T_OPEN => {
+            need(&b, 10, "OPEN")?;
+            let sender = b.get_u32();
+            let window = b.get_u32();
+            let max_packet = b.get_u16();
+            Frame::Open {
+                sender,
+                window,
+                max_packet,
+                dest: string(&b, "OPEN")?,
+            }
+        }
+        T_OPEN_SUCCESS => {
+            need(&b, 14, "OPEN_SUCCESS")?;
+            Frame::OpenSuccess {
+                recipient: b.get_u32(),
+                sender: b.get_u32(),
+                window: b.get_u32(),
+                max_packet: b.get_u16(),
+            }
+        }
+        T_OPEN_FAILURE => {
+            need(&b, 8, "OPEN_FAILURE")?;
+            let recipient = b.get_u32();
+            let reason = Reason(b.get_u32());
+            Frame::OpenFailure {
+                recipient,
+                reason,
+                description: string(&b, "OPEN_FAILURE")?,
+            }
+        }
+        T_WINDOW_ADJUST => {
+            need(&b, 8, "WINDOW_ADJUST")?;
+            Frame::WindowAdjust {
+                recipient: b.get_u32(),
+                increment: b.get_u32(),
+            }
+        }
+        T_DATA => {
+            need(&b, 4, "DATA")?;
+            let recipient = b.get_u32();
+            Frame::Data {
+                recipient,
+                payload: b,
+            }
+        }
+        T_EOF => {
+            need(&b, 4, "EOF")?;
+            Frame::Eof {
+                recipient: b.get_u32(),
+            }
+        }
+        T_CLOSE => {
+            need(&b, 4, "CLOSE")?;
+            Frame::Close {
+                recipient: b.get_u32(),
+            }
+        }
+        T_PING => {
+            need(&b, 8, "PING")?;
+            Frame::Ping { nonce: b.get_u64() }
+        }
+        T_PONG => {
+            need(&b, 8, "PONG")?;
+            Frame::Pong { nonce: b.get_u64() }
+        }
+        T_BIND => {
+            need(&b, 6, "BIND")?;
+            let request = b.get_u32();
+            let bind_len = b.get_u16() as usize;
+            need(&b, bind_len, "BIND")?;
+            let bind = string(&b.split_to(bind_len), "BIND")?;
+            Frame::Bind {
+                request,
+                bind,
+                dest: string(&b, "BIND")?,
+            }
+        }
+        T_BIND_SUCCESS => {
+            need(&b, 6, "BIND_SUCCESS")?;
+            Frame::BindSuccess {
+                request: b.get_u32(),
+                port: b.get_u16(),
+            }
+        }
+        T_BIND_FAILURE => {
+            need(&b, 8, "BIND_FAILURE")?;
+            let request = b.get_u32();
+            let reason = Reason(b.get_u32());
+            Frame::BindFailure {
+                request,
+                reason,
+                description: string(&b, "BIND_FAILURE")?,
+            }
+        }
+        other => return Err(FrameError::UnknownType(other)),
+    };
+    Ok(f)
+}
+
+/// Parses a JMUX destination URL `tcp://host:port` (IPv6 hosts in brackets).
+pub fn parse_dest(url: &str) -> Option<(String, u16)> {
+    let rest = url.strip_prefix("tcp://")?;
+    let (host, port) = rest.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty() {
+        return None;
+    }
+    Some((host.to_owned(), port))
+}
+
+/// Formats a destination URL, bracketing IPv6 literals.
+pub fn format_dest(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("tcp://[{host}]:{port}")
+    } else {
+        format!("tcp://{host}:{port}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn roundtrip(f: Frame) {
+        let mut b = BytesMut::new();
+        f.encode(&mut b).unwrap();
+        assert_eq!(b.len(), f.encoded_len());
+        let got = decode(&mut b, DecodeLimits::default()).unwrap().unwrap();
+        assert_eq!(got, f);
+        assert!(b.is_empty());
+    }
+
+    #[test]
+    fn jmux_byte_layout() {
+        // OPEN as the JMUX specification lays it out.
+        let f = Frame::Open {
+            sender: 1,
+            window: 1024,
+            max_packet: 1024,
+            dest: "tcp://google.com:443".into(),
+        };
+        let b = f.to_bytes().unwrap();
+        let mut expect = vec![100, 0, 34, 0, 0, 0, 0, 1, 0, 0, 4, 0, 4, 0];
+        expect.extend_from_slice(b"tcp://google.com:443");
+        assert_eq!(&b[..], &expect[..]);
+        let eof = Frame::Eof { recipient: 1 }.to_bytes().unwrap();
+        assert_eq!(&eof[..], &[105, 0, 8, 0, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn partial_input_waits() {
+        let b = Frame::WindowAdjust {
+            recipient: 7,
+            increment: 9,
+        }
+        .to_bytes()
+        .unwrap();
+        for cut in 0..b.len() {
+            let mut part = BytesMut::from(&b[..cut]);
+            assert_eq!(decode(&mut part, DecodeLimits::default()), Ok(None));
+            assert_eq!(part.len(), cut, "nothing consumed");
+        }
+    }
+
+    #[test]
+    fn rejects_bad_frames() {
+        let mut tiny = BytesMut::from(&[104u8, 0, 3, 0][..]);
+        assert_eq!(
+            decode(&mut tiny, DecodeLimits::default()),
+            Err(FrameError::TooSmall(3))
+        );
+        let mut big = BytesMut::from(&[104u8, 0x40, 0, 0][..]);
+        let lim = DecodeLimits {
+            max_frame: 4096,
+            extensions: true,
+        };
+        assert!(matches!(
+            decode(&mut big, lim),
+            Err(FrameError::TooLarge { .. })
+        ));
+        let mut ext = Frame::Ping { nonce: 1 }.to_bytes().unwrap().into();
+        let jmux = DecodeLimits {
+            max_frame: MAX_FRAME_LEN,
+            extensions: false,
+        };
+        assert_eq!(decode(&mut ext, jmux), Err(FrameError::UnknownType(110)));
+        let mut short = BytesMut::from(&[103u8, 0, 8, 0, 0, 0, 0, 1][..]);
+        assert_eq!(
+            decode(&mut short, DecodeLimits::default()),
+            Err(FrameError::Truncated("WINDOW_ADJUST"))
+        );
+    }
+
+    #[test]
+    fn oversized_data_is_refused_by_encoder() {
+        let f = Frame::Data {
+            recipient: 1,
+            payload: Bytes::from(vec![0; MAX_DATA_PAYLOAD + 1]),
+        };
+        assert!(matches!(f.to_bytes(), Err(FrameError::Oversized(_))));
+        roundtrip(Frame::Data {
+            recipient: 1,
+            payload: Bytes::from(vec![7; MAX_DATA_PAYLOAD]),
+        });
+    }
+
+    #[test]
+    fn data_header_matches_encoder() {
+        let payload = Bytes::from_static(b"hello");
+        let f = Frame::Data {
+            recipient: 42,
+            payload: payload.clone(),
+        }
+        .to_bytes()
+        .unwrap();
+        let mut h = [0u8; 8];
+        write_data_header(&mut h, 42, payload.len());
+        assert_eq!(&f[..8], &h);
+    }
+
+    #[test]
+    fn dest_urls() {
+        assert_eq!(
+            parse_dest("tcp://[::1]:80"),
+            Some(("::1".to_string(), 80))
+        );
+        assert_eq!(parse_dest("tcp://a.b:1"), Some(("a.b".to_string(), 1)));
+        assert_eq!(parse_dest("udp://a.b:1"), None);
+        assert_eq!(parse_dest("tcp://:1"), None);
+        assert_eq!(format_dest("::1", 5), "tcp://[::1]:5");
+    }
+
+    fn any_string() -> impl Strategy<Value = String> {
+        // Trailing NULs are stripped by design, so generate strings without them.
+        "[a-z0-9.:/\\[\\]-]{0,40}"
+    }
+
+    pub(crate) fn any_frame() -> impl Strategy<Value = Frame> {
+        prop_oneof![
+            (any::<u32>(), any::<u32>(), any::<u16>(), any_string()).prop_map(
+                |(sender, window, max_packet, dest)| Frame::Open {
+                    sender,
+                    window,
+                    max_packet,
+                    dest
+                }
+            ),
+            (any::<u32>(), any::<u32>(), any::<u32>(), any::<u16>()).prop_map(
+                |(recipient, sender, window, max_packet)| Frame::OpenSuccess {
+                    recipient,
+                    sender,
+                    window,
+                    max_packet
+                }
+            ),
+            (any::<u32>(), any::<u32>(), any_string()).prop_map(|(r, c, d)| {
+                Frame::OpenFailure {
+                    recipient: r,
+                    reason: Reason(c),
+                    description: d,
+                }
+            }),
+            (any::<u32>(), any::<u32>()).prop_map(|(recipient, increment)| {
+                Frame::WindowAdjust {
+                    recipient,
+                    increment,
+                }
+            }),
+            (any::<u32>(), proptest::collection::vec(any::<u8>(), 0..2000)).prop_map(
+                |(recipient, p)| Frame::Data {
+                    recipient,
+                    payload: p.into()
+                }
+            ),
+            any::<u32>().prop_map(|recipient| Frame::Eof { recipient }),
+            any::<u32>().prop_map(|recipient| Frame::Close { recipient }),
+            any::<u64>().prop_map(|nonce| Frame::Ping { nonce }),
+            any::<u64>().prop_map(|nonce| Frame::Pong { nonce }),
+            (any::<u32>(), any_string(), any_string()).prop_map(|(request, bind, dest)| {
+                Frame::Bind {
+                    request,
+                    bind,
+                    dest,
+                }
+            }),
+            (any::<u32>(), any::<u16>())
+                .prop_map(|(request, port)| Frame::BindSuccess { request, port }),
+            (any::<u32>(), any::<u32>(), any_string()).prop_map(|(request, c, description)| {
+                Frame::BindFailure {
+                    request,
+                    reason: Reason(c),
+                    description,
+                }
+            }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn every_valid_message_roundtrips(f in any_frame()) {
+            roundtrip(f);
+        }
+
+        #[test]
+        fn a_stream_of_messages_decodes_in_order(frames in proptest::collection::vec(any_frame(), 0..20)) {
+            let mut b = BytesMut::new();
+            for f in &frames { f.encode(&mut b).unwrap(); }
+            let mut out = vec![];
+            while let Some(f) = decode(&mut b, DecodeLimits::default()).unwrap() { out.push(f); }
+            prop_assert_eq!(out, frames);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..300), ext in any::<bool>(), max in 4usize..70000) {
+            let mut b = BytesMut::from(&data[..]);
+            let lim = DecodeLimits { max_frame: max.min(MAX_FRAME_LEN), extensions: ext };
+            // Decode until error or need-more; every consumed frame must shrink the buffer.
+            loop {
+                let before = b.len();
+                match decode(&mut b, lim) {
+                    Ok(Some(_)) => prop_assert!(b.len() < before),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
+    }
+}

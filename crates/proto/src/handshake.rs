@@ -1,0 +1,125 @@
+//! Native-mode hello.
+//!
+//! Both sides send one fixed-size HELLO before any frame:
+//!
+//! ```text
+//! 8 bytes  magic "LONGHAUL"
+//! u16      protocol version
+//! u32      feature bits
+//! u16      largest frame the sender accepts
+//! u32      reserved (zero)
+//! ```
+//!
+//! The session then runs with the lower version, the intersection of the
+//! feature bits and the smaller frame limit. `--jmux` mode skips this, so a
+//! JMUX peer sees only JMUX frames.
+
+pub const MAGIC: &[u8; 8] = b"LONGHAUL";
+pub const VERSION: u16 = 1;
+pub const HELLO_LEN: usize = 20;
+
+/// PING/PONG extension messages.
+pub const FEATURE_PING: u32 = 1 << 0;
+/// Reverse forwards (BIND messages).
+pub const FEATURE_BIND: u32 = 1 << 1;
+/// Everything this build implements.
+pub const FEATURES: u32 = FEATURE_PING | FEATURE_BIND;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    pub version: u16,
+    pub features: u32,
+    pub max_frame: u16,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HelloError {
+    #[error("peer is not a longhaul native peer (no LONGHAUL hello; is it a JMUX peer? then use --jmux)")]
+    BadMagic,
+    #[error("peer speaks protocol version {0}, this build speaks {VERSION}")]
+    Version(u16),
+    #[error("peer's frame limit {0} is below the minimum of 256")]
+    TinyFrames(u16),
+}
+
+impl Hello {
+    pub fn ours(max_frame: u16) -> Hello {
+        Hello {
+            version: VERSION,
+            features: FEATURES,
+            max_frame,
+        }
+    }
+
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[..8].copy_from_slice(MAGIC);
+        b[8..10].copy_from_slice(&self.version.to_be_bytes());
+        b[10..14].copy_from_slice(&self.features.to_be_bytes());
+        b[14..16].copy_from_slice(&self.max_frame.to_be_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; HELLO_LEN]) -> Result<Hello, HelloError> {
+        if &b[..8] != MAGIC {
+            return Err(HelloError::BadMagic);
+        }
+        let version = u16::from_be_bytes([b[8], b[9]]);
+        if version == 0 {
+            return Err(HelloError::Version(version));
+        }
+        let max_frame = u16::from_be_bytes([b[14], b[15]]);
+        if max_frame < 256 {
+            return Err(HelloError::TinyFrames(max_frame));
+        }
+        Ok(Hello {
+            version,
+            features: u32::from_be_bytes([b[10], b[11], b[12], b[13]]),
+            max_frame,
+        })
+    }
+
+    /// What both ends can use.
+    pub fn negotiate(&self, peer: &Hello) -> Hello {
+        Hello {
+            version: self.version.min(peer.version),
+            features: self.features & peer.features,
+            max_frame: self.max_frame.min(peer.max_frame),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_and_negotiate() {
+        let a = Hello::ours(65535);
+        let b = Hello {
+            version: 3,
+            features: FEATURE_PING | 1 << 20,
+            max_frame: 16384,
+        };
+        assert_eq!(Hello::decode(&a.encode()), Ok(a));
+        let n = a.negotiate(&b);
+        assert_eq!(n.version, 1);
+        assert_eq!(n.features, FEATURE_PING);
+        assert_eq!(n.max_frame, 16384);
+    }
+
+    #[test]
+    fn refuses_strangers() {
+        let mut b = Hello::ours(65535).encode();
+        b[0] = b'X';
+        assert_eq!(Hello::decode(&b), Err(HelloError::BadMagic));
+        // A JMUX OPEN arriving where a hello is expected.
+        let mut jmux = [0u8; HELLO_LEN];
+        jmux[0] = 100;
+        assert_eq!(Hello::decode(&jmux), Err(HelloError::BadMagic));
+        let mut tiny = Hello::ours(65535).encode();
+        tiny[14] = 0;
+        tiny[15] = 10;
+        assert_eq!(Hello::decode(&tiny), Err(HelloError::TinyFrames(10)));
+    }
+}

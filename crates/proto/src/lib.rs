@@ -1,0 +1,21 @@
+//! longhaul's protocol core, with no I/O and no runtime.
+//!
+//! Everything here is a pure function or a state machine driven by its
+//! caller, so it can be unit-tested, property-tested and fuzzed without
+//! sockets:
+//!
+//! * [`frame`] — the wire codec: JMUX's 4-byte header and message layout
+//!   (types 100–106) plus longhaul's extension messages (PING, BIND, …).
+//! * [`handshake`] — the short native-mode hello that negotiates version,
+//!   features and the maximum frame size (absent in `--jmux` mode).
+//! * [`window`] — per-stream receive windows that grow while they are the
+//!   bottleneck, bounded by a per-stream cap and a per-session budget.
+//! * [`drr`] — deficit round-robin across streams, so that one writer can be
+//!   fair to every stream that has data and credit.
+
+pub mod drr;
+pub mod frame;
+pub mod handshake;
+pub mod window;
+
+pub use frame::{Frame, FrameError, Reason};
