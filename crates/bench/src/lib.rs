@@ -1,1 +1,55 @@
+//! The measuring kit: an iperf-like throughput test and seed 000's
+//! request/response test, both against any TCP address, so the same command
+//! measures a direct path and a path through a longhaul forward.
+//!
+//! Wire protocol between `bench tput`/`rr` and `bench server` (all big endian):
+//! a 16-byte hello `"LHB1" | mode u8 | 3 reserved | duration_ms u32 | 4 reserved`,
+//! then
+//! * mode 1 (upload): the client sends for the duration, shuts its write
+//!   side; the server counts to EOF and answers the count as u64;
+//! * mode 2 (download, `-R`): the server sends for the duration and closes;
+//! * mode 3 (request/response): repeated `size u32 | size bytes`, each
+//!   echoed back by the server.
 
+pub mod rr;
+pub mod server;
+pub mod stats;
+pub mod tput;
+
+pub const MAGIC: &[u8; 4] = b"LHB1";
+pub const MODE_UPLOAD: u8 = 1;
+pub const MODE_DOWNLOAD: u8 = 2;
+pub const MODE_RR: u8 = 3;
+/// Largest request accepted in rr mode.
+pub const MAX_RR_SIZE: u32 = 16 * 1024 * 1024;
+/// Longest test a server agrees to run.
+pub const MAX_DURATION_MS: u32 = 3_600_000;
+
+pub fn hello(mode: u8, duration_ms: u32) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    h[..4].copy_from_slice(MAGIC);
+    h[4] = mode;
+    h[8..12].copy_from_slice(&duration_ms.to_be_bytes());
+    h
+}
+
+/// Connects to a bench peer, optionally with fixed socket buffers (an
+/// application that cannot be retuned, as in seed 001).
+pub async fn connect(addr: &str, buffer: Option<u32>) -> std::io::Result<tokio::net::TcpStream> {
+    let target = tokio::net::lookup_host(addr)
+        .await?
+        .next()
+        .ok_or_else(|| std::io::Error::other(format!("cannot resolve {addr}")))?;
+    let sock = if target.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    if let Some(b) = buffer {
+        sock.set_send_buffer_size(b)?;
+        sock.set_recv_buffer_size(b)?;
+    }
+    let s = sock.connect(target).await?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}

@@ -1,1 +1,154 @@
-fn main(){}
+//! `longhaul`: the thin command-line front end.
+
+mod args;
+mod demo;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use args::{BenchCmd, Cli, Cmd};
+use longhaul_bench::{rr, server as bench_server, tput};
+use longhaul_forward::{Client, ClientConfig, Server, ServerConfig};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind::*;
+            if matches!(e.kind(), DisplayHelp | DisplayVersion | DisplayHelpOnMissingArgumentOrSubcommand) {
+                e.exit();
+            }
+            // One line that says what is wrong and where to look.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("longhaul: {first} (see 'longhaul --help')");
+            return ExitCode::from(2);
+        }
+    };
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| {
+        match cli.verbose {
+            0 if cli.quiet => "warn",
+            0 => "info",
+            1 => "debug",
+            _ => "trace",
+        }
+        .to_string()
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("longhaul: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli.cmd)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("longhaul: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Server(a) => {
+            let mut cfg = ServerConfig::new(a.listen);
+            cfg.rules = a.rules();
+            cfg.bind_rules = a.bind_rules();
+            cfg.session = a.session.config(a.jmux);
+            cfg.max_sessions = a.max_sessions;
+            if cfg.rules.is_empty() {
+                tracing::warn!("no --allow rule given: every stream will be refused (add --allow HOST:PORT, or --allow-all)");
+            }
+            let server = Server::bind(cfg)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", a.listen))?;
+            tracing::info!("listening on {}", server.local_addr()?);
+            tokio::select! {
+                _ = server.run() => {}
+                _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
+            }
+            Ok(())
+        }
+        Cmd::Client(a) => {
+            let mut cfg = ClientConfig::new(a.server.clone());
+            cfg.local = a.local.clone();
+            cfg.remote = a.remote.clone();
+            cfg.socks = a.socks.clone();
+            cfg.http = a.http_proxy.clone();
+            cfg.session = a.session.config(a.jmux);
+            if cfg.local.is_empty() && cfg.remote.is_empty() && cfg.socks.is_empty() && cfg.http.is_empty() {
+                anyhow::bail!("nothing to forward: give at least one of -L, -R, -D or --http-proxy");
+            }
+            let client = Client::start(cfg).await?;
+            for (spec, addr) in a.local.iter().zip(&client.local_addrs) {
+                tracing::info!("forwarding {addr} -> {}:{}", spec.host, spec.host_port);
+            }
+            for addr in &client.socks_addrs {
+                tracing::info!("SOCKS5 proxy on {addr}");
+            }
+            for addr in &client.http_addrs {
+                tracing::info!("HTTP CONNECT proxy on {addr}");
+            }
+            tokio::select! {
+                why = client.wait() => anyhow::bail!("session with {} ended: {why}", a.server),
+                _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted"); Ok(()) }
+            }
+        }
+        Cmd::Bench(b) => match b.cmd {
+            BenchCmd::Server(s) => {
+                let l = longhaul_carrier::bind_listener(s.listen)
+                    .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", s.listen))?;
+                tracing::info!("bench server listening on {}", l.local_addr()?);
+                tokio::select! {
+                    _ = bench_server::run(l, s.buffer.map(|b| b as u32)) => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+                Ok(())
+            }
+            BenchCmd::Tput(t) => {
+                let r = tput::run(tput::TputOptions {
+                    addr: t.addr.clone(),
+                    parallel: t.parallel as usize,
+                    duration: std::time::Duration::from_secs_f64(t.time),
+                    reverse: t.reverse,
+                    buffer: t.buffer.map(|b| b as u32),
+                    interval: (!t.json && t.interval > 0.0)
+                        .then(|| std::time::Duration::from_secs_f64(t.interval)),
+                })
+                .await
+                .map_err(|e| anyhow::anyhow!("bench tput against {}: {e}", t.addr))?;
+                if t.json {
+                    println!("{}", serde_json::to_string_pretty(&r)?);
+                } else {
+                    print!("{}", r.human());
+                }
+                Ok(())
+            }
+            BenchCmd::Rr(o) => {
+                let r = rr::run(rr::RrOptions {
+                    addr: o.addr.clone(),
+                    sizes: o.sizes.clone(),
+                    count: o.count,
+                })
+                .await
+                .map_err(|e| anyhow::anyhow!("bench rr against {}: {e}", o.addr))?;
+                if o.json {
+                    println!("{}", serde_json::to_string_pretty(&r)?);
+                } else {
+                    print!("{}", r.human());
+                }
+                Ok(())
+            }
+        },
+        Cmd::Demo(d) => demo::run(d).await,
+    }
+}

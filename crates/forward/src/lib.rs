@@ -1,1 +1,20 @@
+//! Forwarders: what turns local sockets into streams and streams into
+//! connections.
+//!
+//! * [`rules`] — deny-by-default target and bind rules (`--allow`,
+//!   `--allow-bind`);
+//! * [`spec`] — ssh-style `-L`/`-R`/`-D` argument parsing;
+//! * [`server`] — accepts carriers and connects allowed targets;
+//! * [`client`] — local forwards, reverse forwards, SOCKS5 and HTTP CONNECT
+//!   listeners over one session.
 
+pub mod client;
+pub mod connect;
+pub mod http_connect;
+pub mod rules;
+pub mod server;
+pub mod socks5;
+pub mod spec;
+
+pub use client::{Client, ClientConfig};
+pub use server::{Server, ServerConfig};

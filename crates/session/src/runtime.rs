@@ -203,6 +203,8 @@ pub(crate) struct State {
     next_bind: u32,
     binds_in: usize,
     pub dead: Option<String>,
+    /// `close` has run: streams dropped, waiters told.
+    torn_down: bool,
     bytes_sent: u64,
     bytes_received: u64,
 }
@@ -249,10 +251,11 @@ impl Shared {
     /// Closes the whole session: every stream ends, the carrier is dropped.
     pub fn close(&self, why: String) {
         let mut st = self.lock();
-        if st.dead.is_some() {
+        if st.torn_down {
             return;
         }
-        st.dead = Some(why.clone());
+        st.torn_down = true;
+        let why = st.dead.get_or_insert(why).clone();
         let streams = std::mem::take(&mut st.streams);
         st.binds_out.clear();
         st.control.clear();
@@ -788,6 +791,7 @@ impl Session {
                 next_bind: 1,
                 binds_in: 0,
                 dead: None,
+                torn_down: false,
                 bytes_sent: 0,
                 bytes_received: 0,
             }),
@@ -1010,7 +1014,9 @@ async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite) {
         {
             let mut guard = shared.lock();
             let st = &mut *guard;
-            if st.dead.is_some() {
+            if let Some(why) = st.dead.clone() {
+                drop(guard);
+                shared.close(why);
                 break;
             }
             while let Some(f) = st.control.pop_front() {

@@ -1,0 +1,83 @@
+//! `longhaul bench server`.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::*;
+
+const BLOCK: usize = 128 * 1024;
+
+/// Serves bench clients until dropped.
+pub async fn run(listener: TcpListener, buffer: Option<u32>) {
+    loop {
+        let Ok((sock, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        if let Some(b) = buffer {
+            let s = socket2::SockRef::from(&sock);
+            let _ = s.set_send_buffer_size(b as usize);
+            let _ = s.set_recv_buffer_size(b as usize);
+        }
+        tokio::spawn(async move {
+            if let Err(e) = serve(sock).await {
+                tracing::debug!("bench connection: {e}");
+            }
+        });
+    }
+}
+
+async fn serve(mut s: TcpStream) -> std::io::Result<()> {
+    s.set_nodelay(true)?;
+    let mut h = [0u8; 16];
+    s.read_exact(&mut h).await?;
+    if &h[..4] != MAGIC {
+        return Err(std::io::Error::other("not a longhaul bench client"));
+    }
+    let dur = u32::from_be_bytes([h[8], h[9], h[10], h[11]]).min(MAX_DURATION_MS);
+    match h[4] {
+        MODE_UPLOAD => {
+            let mut buf = vec![0u8; BLOCK];
+            let mut total: u64 = 0;
+            loop {
+                let n = s.read(&mut buf).await?;
+                if n == 0 {
+                    break;
+                }
+                total += n as u64;
+            }
+            s.write_all(&total.to_be_bytes()).await?;
+            s.shutdown().await?;
+        }
+        MODE_DOWNLOAD => {
+            let buf = vec![0x5au8; BLOCK];
+            let end = Instant::now() + Duration::from_millis(dur as u64);
+            while Instant::now() < end {
+                s.write_all(&buf).await?;
+            }
+            s.shutdown().await?;
+        }
+        MODE_RR => {
+            let mut buf = Vec::new();
+            loop {
+                let mut len = [0u8; 4];
+                match s.read_exact(&mut len).await {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                    Err(e) => return Err(e),
+                }
+                let n = u32::from_be_bytes(len);
+                if n > MAX_RR_SIZE {
+                    return Err(std::io::Error::other("rr request too large"));
+                }
+                buf.resize(n as usize, 0);
+                s.read_exact(&mut buf).await?;
+                s.write_all(&buf).await?;
+            }
+        }
+        m => return Err(std::io::Error::other(format!("unknown bench mode {m}"))),
+    }
+    Ok(())
+}

@@ -1,0 +1,164 @@
+//! `longhaul bench tput`: N parallel connections, per-stream and total
+//! throughput, Jain's fairness, CPU used.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::stats::{cpu_seconds, fmt_bps, jain};
+use crate::*;
+
+#[derive(Debug, Clone)]
+pub struct TputOptions {
+    pub addr: String,
+    pub parallel: usize,
+    pub duration: Duration,
+    /// Server sends, client receives (iperf's -R).
+    pub reverse: bool,
+    /// Fixed SO_SNDBUF/SO_RCVBUF.
+    pub buffer: Option<u32>,
+    /// Print a line per interval (None: quiet).
+    pub interval: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamResult {
+    pub bytes: u64,
+    pub seconds: f64,
+    pub bytes_per_sec: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TputResult {
+    pub addr: String,
+    pub parallel: usize,
+    pub reverse: bool,
+    pub seconds: f64,
+    pub streams: Vec<StreamResult>,
+    pub total_bytes: u64,
+    pub total_bytes_per_sec: f64,
+    pub bits_per_sec: f64,
+    pub jain: f64,
+    pub cpu_seconds: f64,
+}
+
+const BLOCK: usize = 128 * 1024;
+
+async fn one_stream(opts: Arc<TputOptions>, counter: Arc<AtomicU64>) -> std::io::Result<StreamResult> {
+    let mut s = connect(&opts.addr, opts.buffer).await?;
+    let ms = opts.duration.as_millis().min(MAX_DURATION_MS as u128) as u32;
+    let mode = if opts.reverse { MODE_DOWNLOAD } else { MODE_UPLOAD };
+    s.write_all(&hello(mode, ms)).await?;
+    let start = Instant::now();
+    let bytes = if opts.reverse {
+        let mut buf = vec![0u8; BLOCK];
+        let mut total = 0u64;
+        loop {
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+            counter.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        total
+    } else {
+        let buf = vec![0xa5u8; BLOCK];
+        let end = start + opts.duration;
+        while Instant::now() < end {
+            s.write_all(&buf).await?;
+            counter.fetch_add(BLOCK as u64, Ordering::Relaxed);
+        }
+        s.shutdown().await?;
+        let mut got = [0u8; 8];
+        s.read_exact(&mut got).await?;
+        u64::from_be_bytes(got)
+    };
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(StreamResult {
+        bytes,
+        seconds,
+        bytes_per_sec: bytes as f64 / seconds,
+    })
+}
+
+/// Runs the test. Every stream's bytes are counted at the receiver.
+pub async fn run(opts: TputOptions) -> std::io::Result<TputResult> {
+    let opts = Arc::new(opts);
+    let cpu0 = cpu_seconds();
+    let counter = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = vec![];
+    for _ in 0..opts.parallel.max(1) {
+        tasks.push(tokio::spawn(one_stream(opts.clone(), counter.clone())));
+    }
+    let reporter = opts.interval.map(|iv| {
+        let counter = counter.clone();
+        tokio::spawn(async move {
+            let mut last = 0u64;
+            let mut t = Instant::now();
+            loop {
+                tokio::time::sleep(iv).await;
+                let now = counter.load(Ordering::Relaxed);
+                let dt = t.elapsed().as_secs_f64();
+                t = Instant::now();
+                eprintln!(
+                    "[{:6.1}s] {}",
+                    start.elapsed().as_secs_f64(),
+                    fmt_bps((now - last) as f64 / dt)
+                );
+                last = now;
+            }
+        })
+    });
+    let mut streams = vec![];
+    for t in tasks {
+        streams.push(t.await.map_err(std::io::Error::other)??);
+    }
+    if let Some(r) = reporter {
+        r.abort();
+    }
+    let seconds = streams.iter().map(|s| s.seconds).fold(0.0, f64::max);
+    let total_bytes: u64 = streams.iter().map(|s| s.bytes).sum();
+    let rates: Vec<f64> = streams.iter().map(|s| s.bytes_per_sec).collect();
+    let total_bytes_per_sec: f64 = rates.iter().sum();
+    Ok(TputResult {
+        addr: opts.addr.clone(),
+        parallel: streams.len(),
+        reverse: opts.reverse,
+        seconds,
+        jain: jain(&rates),
+        streams,
+        total_bytes,
+        total_bytes_per_sec,
+        bits_per_sec: total_bytes_per_sec * 8.0,
+        cpu_seconds: cpu_seconds() - cpu0,
+    })
+}
+
+impl TputResult {
+    pub fn human(&self) -> String {
+        let mut out = String::new();
+        for (i, s) in self.streams.iter().enumerate() {
+            out += &format!(
+                "[{:3}] {:8.2} s {:10.1} MB  {}\n",
+                i + 1,
+                s.seconds,
+                s.bytes as f64 / 1e6,
+                fmt_bps(s.bytes_per_sec)
+            );
+        }
+        out += &format!(
+            "[SUM] {:8.2} s {:10.1} MB  {}   fairness (Jain) {:.3}   cpu {:.2} s\n",
+            self.seconds,
+            self.total_bytes as f64 / 1e6,
+            fmt_bps(self.total_bytes_per_sec),
+            self.jain,
+            self.cpu_seconds
+        );
+        out
+    }
+}

@@ -1,0 +1,280 @@
+//! Command-line arguments.
+
+use std::net::SocketAddr;
+
+use clap::{Args, Parser, Subcommand};
+use longhaul_forward::rules::{BindRule, BindRules, Rule, Rules};
+use longhaul_forward::spec::{parse_forward, parse_listen, ForwardSpec};
+use longhaul_proto::window::WindowConfig;
+use longhaul_session::{Mode, SessionConfig};
+
+#[derive(Parser, Debug)]
+#[command(name = "longhaul", version, about = "Carries TCP connections over one multiplexed carrier, at the speed the path can give, and measures it.")]
+pub struct Cli {
+    /// More logging (-v debug, -vv trace); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Only warnings and errors.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Accept carriers and connect the targets the rules allow.
+    Server(ServerArgs),
+    /// Connect to a server and forward ports through it, ssh-style.
+    Client(ClientArgs),
+    /// Measuring kit: bench server, tput, rr.
+    Bench(BenchArgs),
+    /// Start a bench server, a longhaul server and client on loopback and
+    /// print a short direct-vs-tunnel comparison.
+    Demo(DemoArgs),
+}
+
+/// Parses sizes like 65536, 64k, 64KiB, 1m, 2G.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (use e.g. 65536, 64k, 16m, 1g)"))?;
+    let mult = match unit.trim() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return Err(format!("'{s}' has an unknown unit (use k, m or g)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("'{s}' is too large"))
+}
+
+/// Parses `HOST:PORT` or `:PORT` (all interfaces) into a socket address.
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    let t = if let Some(p) = s.strip_prefix(':') {
+        format!("0.0.0.0:{p}")
+    } else {
+        s.to_string()
+    };
+    t.parse()
+        .map_err(|_| format!("'{s}' is not an IP:PORT address (use e.g. 127.0.0.1:7000, [::1]:7000 or :7000)"))
+}
+
+fn parse_l(s: &str) -> Result<ForwardSpec, String> {
+    parse_forward(s, "-L")
+}
+fn parse_r(s: &str) -> Result<ForwardSpec, String> {
+    parse_forward(s, "-R")
+}
+fn parse_d(s: &str) -> Result<SocketAddr, String> {
+    parse_listen(s, "-D")
+}
+fn parse_h(s: &str) -> Result<SocketAddr, String> {
+    parse_listen(s, "--http-proxy")
+}
+fn parse_rule(s: &str) -> Result<Rule, String> {
+    s.parse()
+}
+fn parse_bind_rule(s: &str) -> Result<BindRule, String> {
+    s.parse()
+}
+
+/// Flow-control and limit options shared by server and client.
+#[derive(Args, Debug, Clone)]
+pub struct SessionArgs {
+    /// Initial per-stream receive window.
+    #[arg(long, value_name = "SIZE", default_value = "256k", value_parser = parse_size)]
+    pub window: u64,
+    /// Largest a per-stream window may grow to.
+    #[arg(long, value_name = "SIZE", default_value = "64m", value_parser = parse_size)]
+    pub max_window: u64,
+    /// Sum of all receive windows of one session.
+    #[arg(long, value_name = "SIZE", default_value = "512m", value_parser = parse_size)]
+    pub session_budget: u64,
+    /// Streams open at once in one session.
+    #[arg(long, value_name = "N", default_value_t = 16384)]
+    pub max_streams: usize,
+}
+
+impl SessionArgs {
+    pub fn config(&self, jmux: bool) -> SessionConfig {
+        let clamp = |v: u64| v.clamp(16 * 1024, u32::MAX as u64 / 2) as u32;
+        SessionConfig {
+            mode: if jmux { Mode::Jmux } else { Mode::Native },
+            window: WindowConfig {
+                initial: clamp(self.window),
+                max: clamp(self.max_window.max(self.window)),
+            },
+            budget: self.session_budget,
+            max_streams: self.max_streams.max(1),
+            ..SessionConfig::default()
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// Address to accept carriers on, e.g. 0.0.0.0:7000.
+    #[arg(long, value_parser = parse_addr)]
+    pub listen: SocketAddr,
+    /// Allow streams to HOST:PORT (HOST: IP, CIDR, name, *.suffix or *; PORT: n, a-b or *). Repeatable.
+    #[arg(long = "allow", value_name = "RULE", value_parser = parse_rule)]
+    pub allow: Vec<Rule>,
+    /// Allow every target (an open relay: only when you mean it).
+    #[arg(long)]
+    pub allow_all: bool,
+    /// Allow reverse forwards (-R) to bind [ADDR:]PORT (no ADDR: loopback only). Repeatable.
+    #[arg(long = "allow-bind", value_name = "[ADDR:]PORT", value_parser = parse_bind_rule)]
+    pub allow_bind: Vec<BindRule>,
+    /// Plain JMUX framing (no handshake), to interoperate with jetsocat jmux-proxy.
+    #[arg(long)]
+    pub jmux: bool,
+    /// Carriers served at once.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub max_sessions: usize,
+    #[command(flatten)]
+    pub session: SessionArgs,
+}
+
+impl ServerArgs {
+    pub fn rules(&self) -> Rules {
+        Rules::new(self.allow.clone(), self.allow_all)
+    }
+    pub fn bind_rules(&self) -> BindRules {
+        BindRules::new(self.allow_bind.clone(), false)
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ClientArgs {
+    /// The server's carrier address, HOST:PORT.
+    pub server: String,
+    /// Local forward [BIND:]PORT:HOST:HOSTPORT (ssh -L). Repeatable.
+    #[arg(short = 'L', value_name = "SPEC", value_parser = parse_l)]
+    pub local: Vec<ForwardSpec>,
+    /// Remote forward [BIND:]PORT:HOST:HOSTPORT (ssh -R): the server listens, we connect. Repeatable.
+    #[arg(short = 'R', value_name = "SPEC", value_parser = parse_r)]
+    pub remote: Vec<ForwardSpec>,
+    /// SOCKS5 listener [BIND:]PORT (ssh -D). Repeatable.
+    #[arg(short = 'D', value_name = "[BIND:]PORT", value_parser = parse_d)]
+    pub socks: Vec<SocketAddr>,
+    /// HTTP CONNECT proxy listener [BIND:]PORT. Repeatable.
+    #[arg(long, value_name = "[BIND:]PORT", value_parser = parse_h)]
+    pub http_proxy: Vec<SocketAddr>,
+    /// Plain JMUX framing (no handshake), to interoperate with jetsocat jmux-proxy.
+    #[arg(long)]
+    pub jmux: bool,
+    #[command(flatten)]
+    pub session: SessionArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub cmd: BenchCmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// Answer tput and rr clients.
+    Server(BenchServerArgs),
+    /// Throughput over N parallel connections (iperf-like).
+    Tput(TputArgs),
+    /// Request/response round trips per size (seed 000's method).
+    Rr(RrArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchServerArgs {
+    #[arg(long, default_value = "127.0.0.1:5201", value_parser = parse_addr)]
+    pub listen: SocketAddr,
+    /// Fixed SO_SNDBUF/SO_RCVBUF for accepted connections.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub buffer: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct TputArgs {
+    /// HOST:PORT of a bench server (direct) or of a forward to one.
+    pub addr: String,
+    /// Parallel connections.
+    #[arg(short = 'P', long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub parallel: u16,
+    /// Seconds to run.
+    #[arg(short = 't', long, default_value_t = 10.0)]
+    pub time: f64,
+    /// Reverse: the server sends.
+    #[arg(short = 'R', long)]
+    pub reverse: bool,
+    /// Seconds between progress lines (0: none).
+    #[arg(short = 'i', long, default_value_t = 1.0)]
+    pub interval: f64,
+    /// Fixed SO_SNDBUF/SO_RCVBUF, like an application that cannot be retuned.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub buffer: Option<u64>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_sizes(s: &str) -> Result<Vec<u32>, String> {
+    s.split(',')
+        .map(|x| {
+            let v = parse_size(x)?;
+            u32::try_from(v)
+                .ok()
+                .filter(|&v| v <= longhaul_bench::MAX_RR_SIZE)
+                .ok_or_else(|| format!("rr size '{x}' is above the 16 MiB limit"))
+        })
+        .collect()
+}
+
+#[derive(Args, Debug)]
+pub struct RrArgs {
+    pub addr: String,
+    /// Request sizes in bytes, comma-separated.
+    #[arg(long, default_value = "1,10,100,1000,10000,100000", value_parser = parse_sizes)]
+    pub sizes: Vec<u32>,
+    /// Round trips per size.
+    #[arg(short = 'n', long = "count", default_value_t = 1000)]
+    pub count: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Seconds per throughput measurement.
+    #[arg(short = 't', long, default_value_t = 3.0)]
+    pub time: f64,
+    /// Round trips per rr size.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    pub count: usize,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64k"), Ok(65536));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("2m"), Ok(2 << 20));
+        assert_eq!(parse_size("10"), Ok(10));
+        assert!(parse_size("ten").is_err());
+        assert!(parse_size("5x").is_err());
+    }
+
+    #[test]
+    fn addrs() {
+        assert_eq!(parse_addr(":7000"), Ok("0.0.0.0:7000".parse().unwrap()));
+        assert!(parse_addr("localhost").is_err());
+    }
+}

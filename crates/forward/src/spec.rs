@@ -1,0 +1,151 @@
+//! ssh-style forward specifications.
+//!
+//! `-L [BIND:]PORT:HOST:HOSTPORT`, `-R [BIND:]PORT:HOST:HOSTPORT`,
+//! `-D [BIND:]PORT`, `--http-proxy [BIND:]PORT`. BIND defaults to
+//! 127.0.0.1; `*` or an empty BIND means all interfaces; IPv6 literals go in
+//! brackets.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+/// `-L`/`-R`: listen on `bind:port`, connect to `host:host_port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardSpec {
+    pub bind: String,
+    pub port: u16,
+    pub host: String,
+    pub host_port: u16,
+}
+
+impl ForwardSpec {
+    pub fn bind_addr(&self) -> String {
+        join_host_port(&self.bind, self.port)
+    }
+}
+
+pub fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Splits on ':' outside brackets, stripping the brackets.
+fn fields(s: &str) -> Option<Vec<String>> {
+    let mut out = vec![];
+    let mut cur = String::new();
+    let mut in_br = false;
+    for c in s.chars() {
+        match c {
+            '[' if !in_br && cur.is_empty() => in_br = true,
+            ']' if in_br => in_br = false,
+            ':' if !in_br => out.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    if in_br {
+        return None;
+    }
+    out.push(cur);
+    Some(out)
+}
+
+fn bind_host(b: &str) -> String {
+    match b {
+        "" | "*" => "0.0.0.0".into(),
+        "localhost" => "127.0.0.1".into(),
+        other => other.into(),
+    }
+}
+
+fn port(s: &str) -> Option<u16> {
+    s.parse().ok()
+}
+
+/// Parses `-L`/`-R` specs; `flag` names the option in error messages.
+pub fn parse_forward(s: &str, flag: &str) -> Result<ForwardSpec, String> {
+    let err = || {
+        format!("invalid {flag} '{s}': expected [BIND:]PORT:HOST:HOSTPORT, e.g. {flag} 8080:example.com:80 or {flag} [::1]:8080:[::1]:80")
+    };
+    let f = fields(s).ok_or_else(err)?;
+    let (bind, rest) = match f.len() {
+        3 => ("127.0.0.1".to_string(), &f[..]),
+        4 => (bind_host(&f[0]), &f[1..]),
+        _ => return Err(err()),
+    };
+    let p = port(&rest[0]).ok_or_else(err)?;
+    let hp = port(&rest[2]).filter(|&p| p != 0).ok_or_else(err)?;
+    if rest[1].is_empty() {
+        return Err(err());
+    }
+    Ok(ForwardSpec {
+        bind,
+        port: p,
+        host: rest[1].clone(),
+        host_port: hp,
+    })
+}
+
+/// Parses `-D`/`--http-proxy` specs into a socket address.
+pub fn parse_listen(s: &str, flag: &str) -> Result<SocketAddr, String> {
+    let err = || format!("invalid {flag} '{s}': expected [BIND:]PORT, e.g. {flag} 1080 or {flag} 0.0.0.0:1080");
+    let f = fields(s).ok_or_else(err)?;
+    let (bind, p) = match f.len() {
+        1 => ("127.0.0.1".to_string(), &f[0]),
+        2 => (bind_host(&f[0]), &f[1]),
+        _ => return Err(err()),
+    };
+    let p = port(p).ok_or_else(err)?;
+    let ip: IpAddr = bind.parse().map_err(|_| err())?;
+    Ok(SocketAddr::new(ip, p))
+}
+
+/// Resolves a BIND host for listening (IP literals only, plus the names above).
+pub fn listen_addr(bind: &str, port: u16) -> Result<SocketAddr, String> {
+    let ip: IpAddr = bind
+        .parse()
+        .map_err(|_| format!("bind address '{bind}' is not an IP address (use e.g. 127.0.0.1, 0.0.0.0 or [::1])"))?;
+    Ok(SocketAddr::new(ip, port))
+}
+
+pub fn loopback() -> IpAddr {
+    IpAddr::V4(Ipv4Addr::LOCALHOST)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forward_specs() {
+        let f = parse_forward("4450:files.corp:445", "-L").unwrap();
+        assert_eq!(
+            f,
+            ForwardSpec {
+                bind: "127.0.0.1".into(),
+                port: 4450,
+                host: "files.corp".into(),
+                host_port: 445
+            }
+        );
+        let f = parse_forward("[::1]:8080:[2001:db8::1]:80", "-L").unwrap();
+        assert_eq!(f.bind, "::1");
+        assert_eq!(f.host, "2001:db8::1");
+        assert_eq!(f.bind_addr(), "[::1]:8080");
+        let f = parse_forward("*:1:h:2", "-R").unwrap();
+        assert_eq!(f.bind, "0.0.0.0");
+        for bad in ["", "1:2", "x:h:1", "1:h:0", "1:h:99999", "[::1:1:h:2", "a:b:c:d:e"] {
+            let e = parse_forward(bad, "-L").unwrap_err();
+            assert!(e.starts_with("invalid -L"), "{e}");
+        }
+    }
+
+    #[test]
+    fn listen_specs() {
+        assert_eq!(parse_listen("1080", "-D").unwrap(), "127.0.0.1:1080".parse().unwrap());
+        assert_eq!(parse_listen("[::1]:1080", "-D").unwrap(), "[::1]:1080".parse().unwrap());
+        assert_eq!(parse_listen("*:1", "-D").unwrap(), "0.0.0.0:1".parse().unwrap());
+        assert!(parse_listen("host:1", "-D").is_err());
+        assert!(parse_listen("1:2:3", "-D").is_err());
+    }
+}
