@@ -38,7 +38,9 @@ pub async fn run(opts: RrOptions) -> std::io::Result<RrResult> {
     let mut rows = vec![];
     for &size in &opts.sizes {
         if size > MAX_RR_SIZE {
-            return Err(std::io::Error::other(format!("rr size {size} above the limit {MAX_RR_SIZE}")));
+            return Err(std::io::Error::other(format!(
+                "rr size {size} above the limit {MAX_RR_SIZE}"
+            )));
         }
         let mut req = Vec::with_capacity(4 + size as usize);
         req.extend_from_slice(&size.to_be_bytes());

@@ -47,10 +47,17 @@ pub struct TputResult {
 
 const BLOCK: usize = 128 * 1024;
 
-async fn one_stream(opts: Arc<TputOptions>, counter: Arc<AtomicU64>) -> std::io::Result<StreamResult> {
+async fn one_stream(
+    opts: Arc<TputOptions>,
+    counter: Arc<AtomicU64>,
+) -> std::io::Result<StreamResult> {
     let mut s = connect(&opts.addr, opts.buffer).await?;
     let ms = opts.duration.as_millis().min(MAX_DURATION_MS as u128) as u32;
-    let mode = if opts.reverse { MODE_DOWNLOAD } else { MODE_UPLOAD };
+    let mode = if opts.reverse {
+        MODE_DOWNLOAD
+    } else {
+        MODE_UPLOAD
+    };
     s.write_all(&hello(mode, ms)).await?;
     let start = Instant::now();
     let bytes = if opts.reverse {

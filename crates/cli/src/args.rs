@@ -9,7 +9,11 @@ use longhaul_proto::window::WindowConfig;
 use longhaul_session::{Mode, SessionConfig};
 
 #[derive(Parser, Debug)]
-#[command(name = "longhaul", version, about = "Carries TCP connections over one multiplexed carrier, at the speed the path can give, and measures it.")]
+#[command(
+    name = "longhaul",
+    version,
+    about = "Carries TCP connections over one multiplexed carrier, at the speed the path can give, and measures it."
+)]
 pub struct Cli {
     /// More logging (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -49,7 +53,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "g" | "gb" | "gib" => 1 << 30,
         _ => return Err(format!("'{s}' has an unknown unit (use k, m or g)")),
     };
-    n.checked_mul(mult).ok_or_else(|| format!("'{s}' is too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("'{s}' is too large"))
 }
 
 /// Parses `HOST:PORT` or `:PORT` (all interfaces) into a socket address.
@@ -59,8 +64,9 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     } else {
         s.to_string()
     };
-    t.parse()
-        .map_err(|_| format!("'{s}' is not an IP:PORT address (use e.g. 127.0.0.1:7000, [::1]:7000 or :7000)"))
+    t.parse().map_err(|_| {
+        format!("'{s}' is not an IP:PORT address (use e.g. 127.0.0.1:7000, [::1]:7000 or :7000)")
+    })
 }
 
 fn parse_l(s: &str) -> Result<ForwardSpec, String> {

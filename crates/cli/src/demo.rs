@@ -24,7 +24,10 @@ fn free_port() -> anyhow::Result<u16> {
 async fn wait_listening(port: u16, child: &mut Child, what: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
             return Ok(());
         }
         if let Some(status) = child.try_wait()? {
@@ -50,7 +53,13 @@ fn spawn(args: &[String]) -> anyhow::Result<Child> {
 pub async fn run(d: DemoArgs) -> anyhow::Result<()> {
     let (pb, ps, pf) = (free_port()?, free_port()?, free_port()?);
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-    let mut bench = spawn(&s(&["-q", "bench", "server", "--listen", &format!("127.0.0.1:{pb}")]))?;
+    let mut bench = spawn(&s(&[
+        "-q",
+        "bench",
+        "server",
+        "--listen",
+        &format!("127.0.0.1:{pb}"),
+    ]))?;
     wait_listening(pb, &mut bench, "bench server").await?;
     let mut server = spawn(&s(&[
         "-q",
@@ -87,7 +96,10 @@ pub async fn run(d: DemoArgs) -> anyhow::Result<()> {
     let mut rows: Vec<(String, String, String, f64)> = vec![];
     let mut out = serde_json::Map::new();
     for n in [1usize, 10] {
-        eprintln!("demo: tput, {n} stream(s), direct then tunnel ({:.0} s each)…", dur.as_secs_f64());
+        eprintln!(
+            "demo: tput, {n} stream(s), direct then tunnel ({:.0} s each)…",
+            dur.as_secs_f64()
+        );
         let a = tput::run(tp(&direct, n)).await.context("direct tput")?;
         let b = tput::run(tp(&tunnel, n)).await.context("tunnel tput")?;
         let ratio = b.total_bytes_per_sec / a.total_bytes_per_sec;
@@ -97,10 +109,16 @@ pub async fn run(d: DemoArgs) -> anyhow::Result<()> {
             format!("{} (Jain {:.3})", fmt_bps(b.total_bytes_per_sec), b.jain),
             ratio,
         ));
-        out.insert(format!("tput_{n}"), json!({"direct": a, "tunnel": b, "ratio": ratio}));
+        out.insert(
+            format!("tput_{n}"),
+            json!({"direct": a, "tunnel": b, "ratio": ratio}),
+        );
     }
     let sizes = vec![1, 1000, 100_000];
-    eprintln!("demo: rr, {} round trips per size, direct then tunnel…", d.count);
+    eprintln!(
+        "demo: rr, {} round trips per size, direct then tunnel…",
+        d.count
+    );
     let ro = |addr: &str| rr::RrOptions {
         addr: addr.to_string(),
         sizes: sizes.clone(),

@@ -16,7 +16,10 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind::*;
-            if matches!(e.kind(), DisplayHelp | DisplayVersion | DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(
+                e.kind(),
+                DisplayHelp | DisplayVersion | DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 e.exit();
             }
             // One line that says what is wrong and where to look.
@@ -41,7 +44,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("longhaul: cannot start the runtime: {e}");
@@ -85,8 +91,14 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             cfg.socks = a.socks.clone();
             cfg.http = a.http_proxy.clone();
             cfg.session = a.session.config(a.jmux);
-            if cfg.local.is_empty() && cfg.remote.is_empty() && cfg.socks.is_empty() && cfg.http.is_empty() {
-                anyhow::bail!("nothing to forward: give at least one of -L, -R, -D or --http-proxy");
+            if cfg.local.is_empty()
+                && cfg.remote.is_empty()
+                && cfg.socks.is_empty()
+                && cfg.http.is_empty()
+            {
+                anyhow::bail!(
+                    "nothing to forward: give at least one of -L, -R, -D or --http-proxy"
+                );
             }
             let client = Client::start(cfg).await?;
             for (spec, addr) in a.local.iter().zip(&client.local_addrs) {

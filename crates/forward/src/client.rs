@@ -66,10 +66,14 @@ impl Acceptor for ClientAcceptor {
         Box::pin(async move {
             if !allowed {
                 tracing::warn!(%dest, "refused stream opened by server: not one of our -R targets");
-                return Err(OpenRefused::new(Reason::NOT_ALLOWED, "not a reverse-forward target"));
+                return Err(OpenRefused::new(
+                    Reason::NOT_ALLOWED,
+                    "not a reverse-forward target",
+                ));
             }
-            let (host, port) = parse_dest(&dest)
-                .ok_or_else(|| OpenRefused::new(Reason::ADDRESS_TYPE_NOT_SUPPORTED, "bad destination"))?;
+            let (host, port) = parse_dest(&dest).ok_or_else(|| {
+                OpenRefused::new(Reason::ADDRESS_TYPE_NOT_SUPPORTED, "bad destination")
+            })?;
             connect_host(&host, port).await
         })
     }

@@ -44,14 +44,19 @@ pub async fn allowed_addrs(
     if !by_name && !rules.has_address_rules() {
         return Err(not_allowed());
     }
-    let resolved: Vec<SocketAddr> = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        tokio::net::lookup_host((host, port)),
-    )
-    .await
-    .map_err(|_| OpenRefused::new(Reason::TTL_EXPIRED, format!("resolving {host} timed out")))?
-    .map_err(|e| OpenRefused::new(Reason::HOST_UNREACHABLE, format!("cannot resolve {host}: {e}")))?
-    .collect();
+    let resolved: Vec<SocketAddr> =
+        tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host((host, port)))
+            .await
+            .map_err(|_| {
+                OpenRefused::new(Reason::TTL_EXPIRED, format!("resolving {host} timed out"))
+            })?
+            .map_err(|e| {
+                OpenRefused::new(
+                    Reason::HOST_UNREACHABLE,
+                    format!("cannot resolve {host}: {e}"),
+                )
+            })?
+            .collect();
     let ok: Vec<SocketAddr> = resolved
         .into_iter()
         .filter(|a| by_name || rules.allows_ip(a.ip(), port))
@@ -87,7 +92,12 @@ pub async fn connect_host(host: &str, port: u16) -> Result<TcpStream, OpenRefuse
         Ok(ip) => vec![SocketAddr::new(ip, port)],
         Err(_) => tokio::net::lookup_host((host, port))
             .await
-            .map_err(|e| OpenRefused::new(Reason::HOST_UNREACHABLE, format!("cannot resolve {host}: {e}")))?
+            .map_err(|e| {
+                OpenRefused::new(
+                    Reason::HOST_UNREACHABLE,
+                    format!("cannot resolve {host}: {e}"),
+                )
+            })?
             .collect(),
     };
     connect_any(&addrs).await

@@ -113,7 +113,10 @@ mod tests {
             parse_connect(b"GET / HTTP/1.1\r\n\r\n"),
             Err("405 Method Not Allowed")
         );
-        assert_eq!(parse_connect(b"CONNECT a.b HTTP/1.1\r\n\r\n"), Err("400 Bad Request"));
+        assert_eq!(
+            parse_connect(b"CONNECT a.b HTTP/1.1\r\n\r\n"),
+            Err("400 Bad Request")
+        );
         assert_eq!(parse_connect(b"\xff\r\n\r\n"), Err("400 Bad Request"));
     }
 }

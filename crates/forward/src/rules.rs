@@ -40,7 +40,10 @@ impl FromStr for PortRange {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         if s == "*" {
-            return Ok(PortRange { lo: 0, hi: u16::MAX });
+            return Ok(PortRange {
+                lo: 0,
+                hi: u16::MAX,
+            });
         }
         let num = |x: &str| {
             x.parse::<u16>()
@@ -96,11 +99,19 @@ fn in_cidr(net: IpAddr, bits: u8, ip: IpAddr) -> bool {
     };
     match (net, ip) {
         (IpAddr::V4(n), IpAddr::V4(a)) => {
-            let mask = if bits == 0 { 0 } else { u32::MAX << (32 - bits) };
+            let mask = if bits == 0 {
+                0
+            } else {
+                u32::MAX << (32 - bits)
+            };
             u32::from(n) & mask == u32::from(a) & mask
         }
         (IpAddr::V6(n), IpAddr::V6(a)) => {
-            let mask = if bits == 0 { 0 } else { u128::MAX << (128 - bits) };
+            let mask = if bits == 0 {
+                0
+            } else {
+                u128::MAX << (128 - bits)
+            };
             u128::from(n) & mask == u128::from(a) & mask
         }
         _ => false,
@@ -216,13 +227,13 @@ pub struct BindRule {
 impl FromStr for BindRule {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let usage = "expected [ADDR:]PORT, e.g. --allow-bind 8080 or --allow-bind 0.0.0.0:9000-9010";
+        let usage =
+            "expected [ADDR:]PORT, e.g. --allow-bind 8080 or --allow-bind 0.0.0.0:9000-9010";
         let (addr, port) = match split_host_port(s) {
             Some((a, p)) if !a.is_empty() => (
-                Some(
-                    a.parse::<IpAddr>()
-                        .map_err(|_| format!("invalid bind rule '{s}': '{a}' is not an IP address; {usage}"))?,
-                ),
+                Some(a.parse::<IpAddr>().map_err(|_| {
+                    format!("invalid bind rule '{s}': '{a}' is not an IP address; {usage}")
+                })?),
                 p,
             ),
             _ => (None, s),
@@ -301,7 +312,10 @@ mod tests {
         assert!(!r.allows_name("::1", 23));
         assert!(r.allows_name("127.0.0.1", 80));
         assert!(r.allows_ip("::ffff:10.0.0.1".parse().unwrap(), 9));
-        assert!(!r.allows_name("localhost", 80), "names never match address rules");
+        assert!(
+            !r.allows_name("localhost", 80),
+            "names never match address rules"
+        );
         assert!(r.has_address_rules());
     }
 
@@ -316,7 +330,10 @@ mod tests {
     #[test]
     fn bind_rules() {
         let b = BindRules::new(
-            vec!["8080".parse().unwrap(), "0.0.0.0:9000-9001".parse().unwrap()],
+            vec![
+                "8080".parse().unwrap(),
+                "0.0.0.0:9000-9001".parse().unwrap(),
+            ],
             false,
         );
         let lo: IpAddr = "127.0.0.1".parse().unwrap();

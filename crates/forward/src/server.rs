@@ -65,7 +65,12 @@ impl Acceptor for ServerAcceptor {
         })
     }
 
-    fn bind(&self, bind: String, dest: String, session: SessionHandle) -> BoxFuture<Result<u16, OpenRefused>> {
+    fn bind(
+        &self,
+        bind: String,
+        dest: String,
+        session: SessionHandle,
+    ) -> BoxFuture<Result<u16, OpenRefused>> {
         let bind_rules = self.bind_rules.clone();
         let peer = self.peer.clone();
         Box::pin(async move {
@@ -73,20 +78,36 @@ impl Acceptor for ServerAcceptor {
                 Ok(a) => a,
                 Err(_) => {
                     // "PORT" alone or "localhost:PORT" mean loopback.
-                    let port = bind.rsplit(':').next().and_then(|p| p.parse().ok()).ok_or_else(|| {
-                        OpenRefused::new(Reason::ADDRESS_TYPE_NOT_SUPPORTED, format!("bad bind address '{bind}'"))
-                    })?;
+                    let port = bind
+                        .rsplit(':')
+                        .next()
+                        .and_then(|p| p.parse().ok())
+                        .ok_or_else(|| {
+                            OpenRefused::new(
+                                Reason::ADDRESS_TYPE_NOT_SUPPORTED,
+                                format!("bad bind address '{bind}'"),
+                            )
+                        })?;
                     SocketAddr::new(loopback(), port)
                 }
             };
             if !bind_rules.allows(addr.ip(), addr.port()) {
                 tracing::warn!(%peer, %bind, "refused reverse bind: not allowed (see --allow-bind)");
-                return Err(OpenRefused::new(Reason::NOT_ALLOWED, format!("binding {addr} is not allowed")));
+                return Err(OpenRefused::new(
+                    Reason::NOT_ALLOWED,
+                    format!("binding {addr} is not allowed"),
+                ));
             }
             let listener = bind_listener(addr).map_err(|e| {
-                OpenRefused::new(Reason::GENERAL_FAILURE, format!("cannot listen on {addr}: {e}"))
+                OpenRefused::new(
+                    Reason::GENERAL_FAILURE,
+                    format!("cannot listen on {addr}: {e}"),
+                )
             })?;
-            let port = listener.local_addr().map(|a| a.port()).unwrap_or(addr.port());
+            let port = listener
+                .local_addr()
+                .map(|a| a.port())
+                .unwrap_or(addr.port());
             tracing::info!(%peer, listen = %addr, %dest, "reverse forward open");
             tokio::spawn(reverse_accept_loop(listener, dest, session));
             Ok(port)

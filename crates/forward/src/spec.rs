@@ -88,7 +88,11 @@ pub fn parse_forward(s: &str, flag: &str) -> Result<ForwardSpec, String> {
 
 /// Parses `-D`/`--http-proxy` specs into a socket address.
 pub fn parse_listen(s: &str, flag: &str) -> Result<SocketAddr, String> {
-    let err = || format!("invalid {flag} '{s}': expected [BIND:]PORT, e.g. {flag} 1080 or {flag} 0.0.0.0:1080");
+    let err = || {
+        format!(
+            "invalid {flag} '{s}': expected [BIND:]PORT, e.g. {flag} 1080 or {flag} 0.0.0.0:1080"
+        )
+    };
     let f = fields(s).ok_or_else(err)?;
     let (bind, p) = match f.len() {
         1 => ("127.0.0.1".to_string(), &f[0]),
@@ -102,9 +106,9 @@ pub fn parse_listen(s: &str, flag: &str) -> Result<SocketAddr, String> {
 
 /// Resolves a BIND host for listening (IP literals only, plus the names above).
 pub fn listen_addr(bind: &str, port: u16) -> Result<SocketAddr, String> {
-    let ip: IpAddr = bind
-        .parse()
-        .map_err(|_| format!("bind address '{bind}' is not an IP address (use e.g. 127.0.0.1, 0.0.0.0 or [::1])"))?;
+    let ip: IpAddr = bind.parse().map_err(|_| {
+        format!("bind address '{bind}' is not an IP address (use e.g. 127.0.0.1, 0.0.0.0 or [::1])")
+    })?;
     Ok(SocketAddr::new(ip, port))
 }
 
@@ -134,7 +138,15 @@ mod tests {
         assert_eq!(f.bind_addr(), "[::1]:8080");
         let f = parse_forward("*:1:h:2", "-R").unwrap();
         assert_eq!(f.bind, "0.0.0.0");
-        for bad in ["", "1:2", "x:h:1", "1:h:0", "1:h:99999", "[::1:1:h:2", "a:b:c:d:e"] {
+        for bad in [
+            "",
+            "1:2",
+            "x:h:1",
+            "1:h:0",
+            "1:h:99999",
+            "[::1:1:h:2",
+            "a:b:c:d:e",
+        ] {
             let e = parse_forward(bad, "-L").unwrap_err();
             assert!(e.starts_with("invalid -L"), "{e}");
         }
@@ -142,9 +154,18 @@ mod tests {
 
     #[test]
     fn listen_specs() {
-        assert_eq!(parse_listen("1080", "-D").unwrap(), "127.0.0.1:1080".parse().unwrap());
-        assert_eq!(parse_listen("[::1]:1080", "-D").unwrap(), "[::1]:1080".parse().unwrap());
-        assert_eq!(parse_listen("*:1", "-D").unwrap(), "0.0.0.0:1".parse().unwrap());
+        assert_eq!(
+            parse_listen("1080", "-D").unwrap(),
+            "127.0.0.1:1080".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen("[::1]:1080", "-D").unwrap(),
+            "[::1]:1080".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen("*:1", "-D").unwrap(),
+            "0.0.0.0:1".parse().unwrap()
+        );
         assert!(parse_listen("host:1", "-D").is_err());
         assert!(parse_listen("1:2:3", "-D").is_err());
     }

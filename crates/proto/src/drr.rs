@@ -9,11 +9,11 @@
 use std::collections::{HashMap, VecDeque};
 
 /// Anything with a length in bytes.
-pub trait Sized {
+pub trait HasLen {
     fn size(&self) -> usize;
 }
 
-impl Sized for bytes::Bytes {
+impl HasLen for bytes::Bytes {
     fn size(&self) -> usize {
         self.len()
     }
@@ -38,7 +38,7 @@ pub struct Drr<T> {
     total_bytes: usize,
 }
 
-impl<T: Sized> Drr<T> {
+impl<T: HasLen> Drr<T> {
     pub fn new(quantum: usize) -> Drr<T> {
         Drr {
             flows: HashMap::new(),
@@ -93,7 +93,7 @@ impl<T: Sized> Drr<T> {
     }
 
     /// The next item to send, and its stream.
-    pub fn next(&mut self) -> Option<(u32, T)> {
+    pub fn pop(&mut self) -> Option<(u32, T)> {
         loop {
             let id = *self.active.front()?;
             let Some(flow) = self.flows.get_mut(&id) else {
@@ -143,7 +143,7 @@ mod tests {
 
     #[derive(Debug, PartialEq)]
     struct Item(u32, usize);
-    impl Sized for Item {
+    impl HasLen for Item {
         fn size(&self) -> usize {
             self.1
         }
@@ -162,7 +162,7 @@ mod tests {
         // Take the first 40 000 bytes and check both got about half.
         let mut total = 0;
         while total < 40_000 {
-            let (id, it) = d.next().unwrap();
+            let (id, it) = d.pop().unwrap();
             sent[id as usize] += it.1;
             total += it.1;
         }
@@ -176,9 +176,9 @@ mod tests {
         d.push(1, Item(2, 5));
         d.push(2, Item(3, 5));
         d.remove(2);
-        assert_eq!(d.next(), Some((1, Item(1, 5))));
-        assert_eq!(d.next(), Some((1, Item(2, 5))));
-        assert_eq!(d.next(), None);
+        assert_eq!(d.pop(), Some((1, Item(1, 5))));
+        assert_eq!(d.pop(), Some((1, Item(2, 5))));
+        assert_eq!(d.pop(), None);
         assert_eq!(d.total_queued(), 0);
     }
 
@@ -192,7 +192,7 @@ mod tests {
                 expect.entry(*id).or_default().push(i);
             }
             let mut got: HashMap<u32, Vec<usize>> = HashMap::new();
-            while let Some((id, it)) = d.next() {
+            while let Some((id, it)) = d.pop() {
                 got.entry(id).or_default().push(it.0 as usize);
             }
             prop_assert_eq!(got, expect);

@@ -603,10 +603,7 @@ mod tests {
 
     #[test]
     fn dest_urls() {
-        assert_eq!(
-            parse_dest("tcp://[::1]:80"),
-            Some(("::1".to_string(), 80))
-        );
+        assert_eq!(parse_dest("tcp://[::1]:80"), Some(("::1".to_string(), 80)));
         assert_eq!(parse_dest("tcp://a.b:1"), Some(("a.b".to_string(), 1)));
         assert_eq!(parse_dest("udp://a.b:1"), None);
         assert_eq!(parse_dest("tcp://:1"), None);
@@ -649,12 +646,14 @@ mod tests {
                     increment,
                 }
             }),
-            (any::<u32>(), proptest::collection::vec(any::<u8>(), 0..2000)).prop_map(
-                |(recipient, p)| Frame::Data {
+            (
+                any::<u32>(),
+                proptest::collection::vec(any::<u8>(), 0..2000)
+            )
+                .prop_map(|(recipient, p)| Frame::Data {
                     recipient,
                     payload: p.into()
-                }
-            ),
+                }),
             any::<u32>().prop_map(|recipient| Frame::Eof { recipient }),
             any::<u32>().prop_map(|recipient| Frame::Close { recipient }),
             any::<u64>().prop_map(|nonce| Frame::Ping { nonce }),

@@ -249,7 +249,9 @@ mod tests {
         for i in 1..50u64 {
             let n = (w.size() / 4) as usize;
             w.on_data(n).unwrap();
-            w.on_delivered(n, i * 1000, 10 * MS, |extra| budget.try_reserve(extra as u64));
+            w.on_delivered(n, i * 1000, 10 * MS, |extra| {
+                budget.try_reserve(extra as u64)
+            });
         }
         assert_eq!(w.size(), 1 << 19, "one doubling, then the budget is spent");
         assert_eq!(budget.used(), 1 << 19);

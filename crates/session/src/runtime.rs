@@ -150,7 +150,12 @@ pub trait Acceptor: Send + Sync + 'static {
         session: SessionHandle,
     ) -> BoxFuture<Result<u16, OpenRefused>> {
         let _ = (bind, dest, session);
-        Box::pin(async { Err(OpenRefused::new(Reason::NOT_ALLOWED, "reverse forwards are not accepted here")) })
+        Box::pin(async {
+            Err(OpenRefused::new(
+                Reason::NOT_ALLOWED,
+                "reverse forwards are not accepted here",
+            ))
+        })
     }
 }
 
@@ -589,9 +594,13 @@ impl Shared {
                 } else {
                     st.binds_in += 1;
                     let me = self.clone();
-                    let fut = self
-                        .acceptor
-                        .bind(bind, dest, SessionHandle { shared: self.clone() });
+                    let fut = self.acceptor.bind(
+                        bind,
+                        dest,
+                        SessionHandle {
+                            shared: self.clone(),
+                        },
+                    );
                     tokio::spawn(async move {
                         let r = fut.await;
                         let mut st = me.lock();
@@ -843,7 +852,10 @@ impl SessionHandle {
                 ));
             }
             if st.streams.len() + st.connecting >= sh.config.max_streams {
-                return Err(OpenRefused::new(Reason::GENERAL_FAILURE, "too many streams"));
+                return Err(OpenRefused::new(
+                    Reason::GENERAL_FAILURE,
+                    "too many streams",
+                ));
             }
             let (id, inbound_rx) = sh.new_entry(st, 0, 0, 0);
             let window = match st.streams.get_mut(&id) {
@@ -875,7 +887,10 @@ impl SessionHandle {
             Ok(Ok(Err(refused))) => Err(refused),
             Ok(Err(_)) => Err(OpenRefused::new(
                 Reason::GENERAL_FAILURE,
-                format!("session closed: {}", self.close_reason().unwrap_or_default()),
+                format!(
+                    "session closed: {}",
+                    self.close_reason().unwrap_or_default()
+                ),
             )),
             Err(_) => {
                 let mut st = sh.lock();
@@ -906,7 +921,10 @@ impl SessionHandle {
             let mut guard = sh.lock();
             let st = &mut *guard;
             if st.dead.is_some() || st.binds_out.len() >= MAX_BINDS {
-                return Err(OpenRefused::new(Reason::GENERAL_FAILURE, "session closed or too many binds"));
+                return Err(OpenRefused::new(
+                    Reason::GENERAL_FAILURE,
+                    "session closed or too many binds",
+                ));
             }
             let request = st.next_bind;
             st.next_bind = st.next_bind.wrapping_add(1);
@@ -923,7 +941,10 @@ impl SessionHandle {
         sh.wake_writer.notify_one();
         match tokio::time::timeout(sh.config.open_timeout, rx).await {
             Ok(Ok(r)) => r,
-            _ => Err(OpenRefused::new(Reason::GENERAL_FAILURE, "no answer to the reverse-forward request")),
+            _ => Err(OpenRefused::new(
+                Reason::GENERAL_FAILURE,
+                "no answer to the reverse-forward request",
+            )),
         }
     }
 
@@ -1025,7 +1046,7 @@ async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite) {
             }
             let mut bytes = 0;
             while bytes < WRITE_BATCH_BYTES && batch.len() < MAX_IOV {
-                let Some((id, f)) = st.data.next() else { break };
+                let Some((id, f)) = st.data.pop() else { break };
                 bytes += f.len();
                 batch.push_back(f);
                 if !touched.contains(&id) {
@@ -1058,8 +1079,11 @@ async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite) {
 async fn write_all_vectored(w: &mut BoxWrite, batch: &mut VecDeque<Bytes>) -> io::Result<()> {
     while !batch.is_empty() {
         let n = {
-            let slices: Vec<IoSlice<'_>> =
-                batch.iter().take(MAX_IOV).map(|b| IoSlice::new(b)).collect();
+            let slices: Vec<IoSlice<'_>> = batch
+                .iter()
+                .take(MAX_IOV)
+                .map(|b| IoSlice::new(b))
+                .collect();
             w.write_vectored(&slices).await?
         };
         if n == 0 {
@@ -1067,7 +1091,9 @@ async fn write_all_vectored(w: &mut BoxWrite, batch: &mut VecDeque<Bytes>) -> io
         }
         let mut left = n;
         while left > 0 {
-            let Some(front) = batch.front_mut() else { break };
+            let Some(front) = batch.front_mut() else {
+                break;
+            };
             if front.len() <= left {
                 left -= front.len();
                 batch.pop_front();
@@ -1102,10 +1128,7 @@ async fn housekeeping(shared: Arc<Shared>, rtt: Option<Box<dyn RttSource>>) {
                 .now_ns()
                 .saturating_sub(shared.last_rx_ns.load(Ordering::Relaxed));
             if silent > shared.config.dead_after.as_nanos() as u64 {
-                let why = format!(
-                    "peer unresponsive for {:?}",
-                    Duration::from_nanos(silent)
-                );
+                let why = format!("peer unresponsive for {:?}", Duration::from_nanos(silent));
                 tracing::warn!(peer = %shared.peer, "closing session: {why}");
                 shared.close(why);
                 return;

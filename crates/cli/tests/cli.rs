@@ -1,0 +1,186 @@
+//! The `longhaul` binary as a user runs it.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+
+const BIN: &str = env!("CARGO_BIN_EXE_longhaul");
+
+fn run_err(args: &[&str]) -> (i32, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn wrong_arguments_get_one_line_that_says_what_to_do() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["client", "127.0.0.1:1", "-L", "nonsense"],
+            "expected [BIND:]PORT:HOST:HOSTPORT",
+        ),
+        (
+            &["client", "127.0.0.1:1", "-D", "a:b:c"],
+            "expected [BIND:]PORT",
+        ),
+        (&["server", "--listen", "nowhere"], "not an IP:PORT address"),
+        (
+            &["server", "--listen", "127.0.0.1:0", "--allow", "x y:1"],
+            "expected HOST:PORT",
+        ),
+        (
+            &[
+                "server",
+                "--listen",
+                "127.0.0.1:0",
+                "--allow-bind",
+                "host:1",
+            ],
+            "is not an IP address",
+        ),
+        (&["bench", "tput", "127.0.0.1:1", "-P", "0"], "--parallel"),
+        (&["frobnicate"], "unrecognized subcommand"),
+    ];
+    for (args, want) in cases {
+        let (code, err) = run_err(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{args:?} printed more than one line:\n{err}"
+        );
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn client_with_nothing_to_forward_or_no_server_fails_clearly() {
+    let (code, err) = run_err(&["client", "127.0.0.1:1"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("nothing to forward"), "{err}");
+    let dead = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (code, err) = run_err(&["client", &dead.to_string(), "-L", "0:127.0.0.1:1"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("cannot connect to server"), "{err}");
+}
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_port(port: u16) {
+    let t = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "port {port} never opened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn spawn(args: &[&str]) -> Kill {
+    Kill(
+        Command::new(BIN)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn server_and_client_processes_forward_intact_and_exit_on_refused_bind() {
+    // Target: hashes what it receives and sends its own data back.
+    let target = TcpListener::bind("127.0.0.1:0").unwrap();
+    let tport = target.local_addr().unwrap().port();
+    let mut reply = vec![0u8; 8 << 20];
+    rand::thread_rng().fill_bytes(&mut reply);
+    let reply_hash = Sha256::digest(&reply);
+    let t = std::thread::spawn(move || loop {
+        // Skip the empty connection that `wait_port` makes through the forward.
+        let (mut s, _) = target.accept().unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        if got.is_empty() {
+            continue;
+        }
+        s.write_all(&reply).unwrap();
+        return Sha256::digest(&got);
+    });
+    let sport = free_port();
+    let lport = free_port();
+    let _server = spawn(&[
+        "server",
+        "--listen",
+        &format!("127.0.0.1:{sport}"),
+        "--allow",
+        &format!("127.0.0.1:{tport}"),
+    ]);
+    wait_port(sport);
+    let _client = spawn(&[
+        "client",
+        &format!("127.0.0.1:{sport}"),
+        "-L",
+        &format!("{lport}:127.0.0.1:{tport}"),
+    ]);
+    wait_port(lport);
+    let mut data = vec![0u8; 8 << 20];
+    rand::thread_rng().fill_bytes(&mut data);
+    let mut s = TcpStream::connect(("127.0.0.1", lport)).unwrap();
+    s.write_all(&data).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    assert_eq!(Sha256::digest(&got), reply_hash);
+    assert_eq!(t.join().unwrap(), Sha256::digest(&data));
+
+    // -R to a port the server does not allow: the client exits non-zero, one line.
+    let mut c = spawn(&[
+        "client",
+        &format!("127.0.0.1:{sport}"),
+        "-R",
+        &format!("{}:127.0.0.1:{tport}", free_port()),
+    ]);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = c.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "client did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    let mut err = String::new();
+    c.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(
+        err.contains("server refused -R") && err.contains("not allowed"),
+        "{err}"
+    );
+}

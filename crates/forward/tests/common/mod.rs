@@ -1,0 +1,103 @@
+//! Shared helpers for the forwarding tests: real servers and clients on
+//! loopback, plus small target services.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use longhaul_forward::rules::{BindRules, Rules};
+use longhaul_forward::spec::ForwardSpec;
+use longhaul_forward::{Client, ClientConfig, Server, ServerConfig};
+use longhaul_session::SessionConfig;
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+pub fn random_bytes(n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    rand::thread_rng().fill_bytes(&mut v);
+    v
+}
+
+pub fn sha(b: &[u8]) -> [u8; 32] {
+    Sha256::digest(b).into()
+}
+
+pub async fn start_server(rules: Rules, bind_rules: BindRules) -> SocketAddr {
+    start_server_with(rules, bind_rules, SessionConfig::default()).await
+}
+
+pub async fn start_server_with(
+    rules: Rules,
+    bind_rules: BindRules,
+    session: SessionConfig,
+) -> SocketAddr {
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.rules = rules;
+    cfg.bind_rules = bind_rules;
+    cfg.session = session;
+    let s = Server::bind(cfg).await.unwrap();
+    let addr = s.local_addr().unwrap();
+    tokio::spawn(s.run());
+    addr
+}
+
+pub fn fwd(host: &str, port: u16) -> ForwardSpec {
+    ForwardSpec {
+        bind: "127.0.0.1".into(),
+        port: 0,
+        host: host.into(),
+        host_port: port,
+    }
+}
+
+/// A client with one `-L` forward per target; returns the client.
+pub async fn start_client(server: SocketAddr, targets: &[SocketAddr]) -> Client {
+    let mut cfg = ClientConfig::new(server.to_string());
+    cfg.local = targets
+        .iter()
+        .map(|t| fwd(&t.ip().to_string(), t.port()))
+        .collect();
+    Client::start(cfg).await.unwrap()
+}
+
+/// Echo service: writes back everything, half-closes after EOF.
+pub async fn echo_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// Sends `data` and reads everything back concurrently.
+pub async fn send_and_collect(mut s: TcpStream, data: Vec<u8>) -> Vec<u8> {
+    let (mut r, mut w) = s.split();
+    let write = async {
+        w.write_all(&data).await.unwrap();
+        w.shutdown().await.unwrap();
+    };
+    let read = async {
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).await.unwrap();
+        got
+    };
+    let ((), got) = tokio::join!(write, read);
+    got
+}
+
+pub async fn within<T>(secs: u64, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(secs), f)
+        .await
+        .expect("timed out")
+}
