@@ -15,6 +15,7 @@
 //! * a **housekeeping** tick (not on the data path): keepalive PINGs, RTT
 //!   sampling, dead-peer detection.
 
+mod outframe;
 mod runtime;
 mod stream;
 

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use longhaul_carrier::{BoxRead, BoxWrite, Carrier, RttSource};
 use longhaul_proto::drr::Drr;
 use longhaul_proto::frame::{self, DecodeLimits, Frame, Reason, MAX_DATA_PAYLOAD};
@@ -19,6 +19,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::AbortHandle;
 
+use crate::outframe::OutFrame;
 use crate::stream::{downlink, uplink, Inbound};
 
 /// Largest batch the writer hands to one vectored write.
@@ -199,7 +200,7 @@ pub(crate) struct StreamEntry {
 pub(crate) struct State {
     control: VecDeque<Bytes>,
     control_bytes: usize,
-    pub data: Drr<Bytes>,
+    pub data: Drr<OutFrame>,
     pub streams: HashMap<u32, StreamEntry>,
     next_id: u32,
     connecting: usize,
@@ -296,7 +297,7 @@ impl Shared {
     pub fn send_stream_control(&self, st: &mut State, id: u32, f: Frame) {
         if st.data.queued(id) > 0 {
             if let Ok(b) = f.to_bytes() {
-                st.data.push(id, b);
+                st.data.push(id, OutFrame::encoded(b));
             }
         } else {
             self.send_control(st, f);
@@ -1028,7 +1029,7 @@ async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, limits: DecodeLimit
 }
 
 async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite) {
-    let mut batch: VecDeque<Bytes> = VecDeque::with_capacity(MAX_IOV * 2);
+    let mut batch: VecDeque<OutFrame> = VecDeque::with_capacity(MAX_IOV);
     let mut touched: Vec<u32> = Vec::with_capacity(MAX_IOV);
     let mut wakes: Vec<Arc<Notify>> = Vec::with_capacity(MAX_IOV);
     loop {
@@ -1042,12 +1043,13 @@ async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite) {
             }
             while let Some(f) = st.control.pop_front() {
                 st.control_bytes -= f.len();
-                batch.push_back(f);
+                batch.push_back(OutFrame::encoded(f));
             }
             let mut bytes = 0;
-            while bytes < WRITE_BATCH_BYTES && batch.len() < MAX_IOV {
+            // Two iovecs per DATA frame (header, payload).
+            while bytes < WRITE_BATCH_BYTES && batch.len() < MAX_IOV / 2 {
                 let Some((id, f)) = st.data.pop() else { break };
-                bytes += f.len();
+                bytes += f.remaining();
                 batch.push_back(f);
                 if !touched.contains(&id) {
                     touched.push(id);
@@ -1076,14 +1078,22 @@ async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite) {
     let _ = w.shutdown().await;
 }
 
-async fn write_all_vectored(w: &mut BoxWrite, batch: &mut VecDeque<Bytes>) -> io::Result<()> {
+async fn write_all_vectored(w: &mut BoxWrite, batch: &mut VecDeque<OutFrame>) -> io::Result<()> {
     while !batch.is_empty() {
         let n = {
-            let slices: Vec<IoSlice<'_>> = batch
-                .iter()
-                .take(MAX_IOV)
-                .map(|b| IoSlice::new(b))
-                .collect();
+            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_IOV);
+            for f in batch.iter() {
+                if slices.len() + 2 > MAX_IOV {
+                    break;
+                }
+                let h = f.head();
+                if !h.is_empty() {
+                    slices.push(IoSlice::new(h));
+                }
+                if !f.body.is_empty() {
+                    slices.push(IoSlice::new(&f.body));
+                }
+            }
             w.write_vectored(&slices).await?
         };
         if n == 0 {
@@ -1094,12 +1104,9 @@ async fn write_all_vectored(w: &mut BoxWrite, batch: &mut VecDeque<Bytes>) -> io
             let Some(front) = batch.front_mut() else {
                 break;
             };
-            if front.len() <= left {
-                left -= front.len();
+            left = front.advance(left);
+            if front.remaining() == 0 {
                 batch.pop_front();
-            } else {
-                front.advance(left);
-                left = 0;
             }
         }
     }
