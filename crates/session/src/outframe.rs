@@ -72,8 +72,8 @@ mod tests {
         assert_eq!(f.head(), &[1, 1, 1]);
         assert_eq!(f.advance(5), 0);
         assert_eq!(f.head(), &[] as &[u8]);
-        assert_eq!(&f.body[..], b"ef");
-        assert_eq!(f.advance(10), 8);
+        assert_eq!(&f.body[..], b"cdef");
+        assert_eq!(f.advance(10), 6);
         assert_eq!(f.remaining(), 0);
     }
 }
