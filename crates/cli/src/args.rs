@@ -226,23 +226,19 @@ pub struct TputArgs {
     pub json: bool,
 }
 
-fn parse_sizes(s: &str) -> Result<Vec<u32>, String> {
-    s.split(',')
-        .map(|x| {
-            let v = parse_size(x)?;
-            u32::try_from(v)
-                .ok()
-                .filter(|&v| v <= longhaul_bench::MAX_RR_SIZE)
-                .ok_or_else(|| format!("rr size '{x}' is above the 16 MiB limit"))
-        })
-        .collect()
+fn parse_rr_size(x: &str) -> Result<u32, String> {
+    let v = parse_size(x)?;
+    u32::try_from(v)
+        .ok()
+        .filter(|&v| v <= longhaul_bench::MAX_RR_SIZE)
+        .ok_or_else(|| format!("rr size '{x}' is above the 16 MiB limit"))
 }
 
 #[derive(Args, Debug)]
 pub struct RrArgs {
     pub addr: String,
     /// Request sizes in bytes, comma-separated.
-    #[arg(long, default_value = "1,10,100,1000,10000,100000", value_parser = parse_sizes)]
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000,10000,100000", value_parser = parse_rr_size)]
     pub sizes: Vec<u32>,
     /// Round trips per size.
     #[arg(short = 'n', long = "count", default_value_t = 1000)]

@@ -184,3 +184,39 @@ fn server_and_client_processes_forward_intact_and_exit_on_refused_bind() {
         "{err}"
     );
 }
+
+#[test]
+fn bench_commands_measure_and_report_json() {
+    let port = free_port();
+    let _bench = spawn(&["bench", "server", "--listen", &format!("127.0.0.1:{port}")]);
+    wait_port(port);
+    let addr = format!("127.0.0.1:{port}");
+    let out = Command::new(BIN)
+        .args(["bench", "tput", &addr, "-P", "3", "-t", "0.5", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["streams"].as_array().unwrap().len(), 3);
+    assert!(v["total_bytes"].as_u64().unwrap() > 0);
+    let jain = v["jain"].as_f64().unwrap();
+    assert!(jain > 0.33 && jain <= 1.0 + 1e-9, "{jain}");
+
+    let out = Command::new(BIN)
+        .args(["bench", "rr", &addr, "--sizes", "1,1k,100000", "-n", "50", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let sizes: Vec<u64> = rows.iter().map(|r| r["size"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, vec![1, 1024, 100_000]);
+    for r in rows {
+        assert_eq!(r["count"].as_u64(), Some(50));
+        assert!(r["p50_us"].as_f64().unwrap() > 0.0);
+        assert!(r["p99_us"].as_f64().unwrap() >= r["p50_us"].as_f64().unwrap());
+    }
+    let (code, err) = run_err(&["bench", "rr", &addr, "--sizes", "1,99999999"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("16 MiB limit"), "{err}");
+}
