@@ -255,6 +255,9 @@ pub struct DemoArgs {
     /// Round trips per rr size.
     #[arg(short = 'n', long, default_value_t = 1000)]
     pub count: usize,
+    /// Repeat every measurement, interleaved direct/tunnel; report medians.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=20))]
+    pub rounds: u16,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,

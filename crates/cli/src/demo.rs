@@ -17,6 +17,16 @@ use tokio::process::{Child, Command};
 
 use crate::args::DemoArgs;
 
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
 fn free_port() -> anyhow::Result<u16> {
     Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -93,49 +103,96 @@ pub async fn run(d: DemoArgs) -> anyhow::Result<()> {
         buffer: None,
         interval: None,
     };
+    let rounds = d.rounds.max(1) as usize;
+    let mut direct_one = 0.0;
     let mut rows: Vec<(String, String, String, f64)> = vec![];
     let mut out = serde_json::Map::new();
     for n in [1usize, 10] {
-        eprintln!(
-            "demo: tput, {n} stream(s), direct then tunnel ({:.0} s each)…",
-            dur.as_secs_f64()
-        );
-        let a = tput::run(tp(&direct, n)).await.context("direct tput")?;
-        let b = tput::run(tp(&tunnel, n)).await.context("tunnel tput")?;
-        let ratio = b.total_bytes_per_sec / a.total_bytes_per_sec;
+        let mut direct_rates = vec![];
+        let mut tunnel_rates = vec![];
+        let mut jains = vec![];
+        let mut ratios = vec![];
+        let mut runs = vec![];
+        for r in 0..rounds {
+            eprintln!(
+                "demo: tput, {n} stream(s), direct then tunnel ({:.0} s each), round {}/{rounds}…",
+                dur.as_secs_f64(),
+                r + 1
+            );
+            let a = tput::run(tp(&direct, n)).await.context("direct tput")?;
+            let b = tput::run(tp(&tunnel, n)).await.context("tunnel tput")?;
+            direct_rates.push(a.total_bytes_per_sec);
+            tunnel_rates.push(b.total_bytes_per_sec);
+            jains.push(b.jain);
+            ratios.push(b.total_bytes_per_sec / a.total_bytes_per_sec);
+            runs.push(json!({"direct": a, "tunnel": b}));
+        }
+        let ratio = median(&ratios);
+        if n == 1 {
+            direct_one = median(&direct_rates);
+        }
         rows.push((
             format!("tput, {n} stream{}", if n > 1 { "s" } else { "" }),
-            fmt_bps(a.total_bytes_per_sec),
-            format!("{} (Jain {:.3})", fmt_bps(b.total_bytes_per_sec), b.jain),
+            fmt_bps(median(&direct_rates)),
+            format!(
+                "{} (Jain {:.3})",
+                fmt_bps(median(&tunnel_rates)),
+                median(&jains)
+            ),
             ratio,
         ));
+        if n > 1 && direct_one > 0.0 {
+            // Seed 004's baseline: a multiplexer funnels every stream into
+            // one connection, so direct 1-stream is the best it can hope for.
+            rows.push((
+                format!("tput, {n} streams vs direct 1 stream"),
+                fmt_bps(direct_one),
+                fmt_bps(median(&tunnel_rates)),
+                median(&tunnel_rates) / direct_one,
+            ));
+        }
         out.insert(
             format!("tput_{n}"),
-            json!({"direct": a, "tunnel": b, "ratio": ratio}),
+            json!({"median_ratio": ratio, "median_direct_bytes_per_sec": median(&direct_rates),
+                   "median_tunnel_bytes_per_sec": median(&tunnel_rates), "runs": runs}),
         );
     }
     let sizes = vec![1, 1000, 100_000];
-    eprintln!(
-        "demo: rr, {} round trips per size, direct then tunnel…",
-        d.count
-    );
     let ro = |addr: &str| rr::RrOptions {
         addr: addr.to_string(),
         sizes: sizes.clone(),
         count: d.count.max(1),
     };
-    let a = rr::run(ro(&direct)).await.context("direct rr")?;
-    let b = rr::run(ro(&tunnel)).await.context("tunnel rr")?;
-    for (x, y) in a.rows.iter().zip(&b.rows) {
-        let ratio = y.round_trips_per_sec / x.round_trips_per_sec;
+    let mut per_size: Vec<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> =
+        vec![(vec![], vec![], vec![], vec![]); sizes.len()];
+    let mut rr_runs = vec![];
+    for r in 0..rounds {
+        eprintln!(
+            "demo: rr, {} round trips per size, direct then tunnel, round {}/{rounds}…",
+            d.count,
+            r + 1
+        );
+        let a = rr::run(ro(&direct)).await.context("direct rr")?;
+        let b = rr::run(ro(&tunnel)).await.context("tunnel rr")?;
+        for (i, (x, y)) in a.rows.iter().zip(&b.rows).enumerate() {
+            per_size[i].0.push(x.round_trips_per_sec);
+            per_size[i].1.push(y.round_trips_per_sec);
+            per_size[i].2.push(x.p50_us);
+            per_size[i].3.push(y.p50_us);
+        }
+        rr_runs.push(json!({"direct": a, "tunnel": b}));
+    }
+    for (size, (dr, tr, dp, tp50)) in sizes.iter().zip(&per_size) {
+        let ratio = median(tr) / median(dr);
         rows.push((
-            format!("rr {} B (round trips/s)", x.size),
-            format!("{:.0}/s, p50 {:.0} µs", x.round_trips_per_sec, x.p50_us),
-            format!("{:.0}/s, p50 {:.0} µs", y.round_trips_per_sec, y.p50_us),
+            format!("rr {size} B (round trips/s)"),
+            format!("{:.0}/s, p50 {:.0} µs", median(dr), median(dp)),
+            format!("{:.0}/s, p50 {:.0} µs", median(tr), median(tp50)),
             ratio,
         ));
     }
-    out.insert("rr".into(), json!({"direct": a, "tunnel": b}));
+    out.insert("rr".into(), json!({"runs": rr_runs}));
+    out.insert("rounds".into(), json!(rounds));
 
     println!();
     println!("| measurement | direct | through longhaul | ratio |");

@@ -195,7 +195,11 @@ fn bench_commands_measure_and_report_json() {
         .args(["bench", "tput", &addr, "-P", "3", "-t", "0.5", "--json"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["streams"].as_array().unwrap().len(), 3);
     assert!(v["total_bytes"].as_u64().unwrap() > 0);
@@ -203,10 +207,23 @@ fn bench_commands_measure_and_report_json() {
     assert!(jain > 0.33 && jain <= 1.0 + 1e-9, "{jain}");
 
     let out = Command::new(BIN)
-        .args(["bench", "rr", &addr, "--sizes", "1,1k,100000", "-n", "50", "--json"])
+        .args([
+            "bench",
+            "rr",
+            &addr,
+            "--sizes",
+            "1,1k,100000",
+            "-n",
+            "50",
+            "--json",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v["rows"].as_array().unwrap();
     let sizes: Vec<u64> = rows.iter().map(|r| r["size"].as_u64().unwrap()).collect();
