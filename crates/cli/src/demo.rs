@@ -17,6 +17,15 @@ use tokio::process::{Child, Command};
 
 use crate::args::DemoArgs;
 
+/// Per-size rr results across rounds.
+#[derive(Clone, Default)]
+struct RrSamples {
+    direct_rate: Vec<f64>,
+    tunnel_rate: Vec<f64>,
+    direct_p50: Vec<f64>,
+    tunnel_p50: Vec<f64>,
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
@@ -163,8 +172,7 @@ pub async fn run(d: DemoArgs) -> anyhow::Result<()> {
         sizes: sizes.clone(),
         count: d.count.max(1),
     };
-    let mut per_size: Vec<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> =
-        vec![(vec![], vec![], vec![], vec![]); sizes.len()];
+    let mut per_size: Vec<RrSamples> = vec![RrSamples::default(); sizes.len()];
     let mut rr_runs = vec![];
     for r in 0..rounds {
         eprintln!(
@@ -175,19 +183,27 @@ pub async fn run(d: DemoArgs) -> anyhow::Result<()> {
         let a = rr::run(ro(&direct)).await.context("direct rr")?;
         let b = rr::run(ro(&tunnel)).await.context("tunnel rr")?;
         for (i, (x, y)) in a.rows.iter().zip(&b.rows).enumerate() {
-            per_size[i].0.push(x.round_trips_per_sec);
-            per_size[i].1.push(y.round_trips_per_sec);
-            per_size[i].2.push(x.p50_us);
-            per_size[i].3.push(y.p50_us);
+            per_size[i].direct_rate.push(x.round_trips_per_sec);
+            per_size[i].tunnel_rate.push(y.round_trips_per_sec);
+            per_size[i].direct_p50.push(x.p50_us);
+            per_size[i].tunnel_p50.push(y.p50_us);
         }
         rr_runs.push(json!({"direct": a, "tunnel": b}));
     }
-    for (size, (dr, tr, dp, tp50)) in sizes.iter().zip(&per_size) {
-        let ratio = median(tr) / median(dr);
+    for (size, p) in sizes.iter().zip(&per_size) {
+        let ratio = median(&p.tunnel_rate) / median(&p.direct_rate);
         rows.push((
             format!("rr {size} B (round trips/s)"),
-            format!("{:.0}/s, p50 {:.0} µs", median(dr), median(dp)),
-            format!("{:.0}/s, p50 {:.0} µs", median(tr), median(tp50)),
+            format!(
+                "{:.0}/s, p50 {:.0} µs",
+                median(&p.direct_rate),
+                median(&p.direct_p50)
+            ),
+            format!(
+                "{:.0}/s, p50 {:.0} µs",
+                median(&p.tunnel_rate),
+                median(&p.tunnel_p50)
+            ),
             ratio,
         ));
     }
