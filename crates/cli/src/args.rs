@@ -36,6 +36,66 @@ pub enum Cmd {
     /// Start a bench server, a longhaul server and client on loopback and
     /// print a short direct-vs-tunnel comparison.
     Demo(DemoArgs),
+    /// WAN emulator: two namespaces (a = 198.18.0.1, b = 198.18.0.2) joined
+    /// by a userspace delay line. Needs root or CAP_NET_ADMIN.
+    Netem(NetemArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct NetemArgs {
+    /// Instance name, to run several emulators side by side.
+    #[arg(long, global = true, default_value = "default")]
+    pub name: String,
+    #[command(subcommand)]
+    pub cmd: NetemCmd,
+}
+
+fn parse_delay(s: &str) -> Result<std::time::Duration, String> {
+    longhaul_netem::parse_duration(s)
+}
+fn parse_rate(s: &str) -> Result<u64, String> {
+    longhaul_netem::parse_rate(s)
+}
+fn parse_loss(s: &str) -> Result<f64, String> {
+    longhaul_netem::parse_loss(s)
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NetemCmd {
+    /// Create the namespaces and start the delay line.
+    Up {
+        /// One-way delay in each direction (RTT = 2 × delay).
+        #[arg(long, default_value = "0ms", value_parser = parse_delay)]
+        delay: std::time::Duration,
+        /// Rate cap, e.g. 1gbit (default: none).
+        #[arg(long, value_parser = parse_rate)]
+        rate: Option<u64>,
+        /// Random loss, e.g. 0.5% (turns GSO offload off so loss hits single packets).
+        #[arg(long, value_parser = parse_loss, default_value = "0")]
+        loss: f64,
+        /// Tail-drop queue in bytes (default: one BDP at the rate cap).
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        queue: Option<u64>,
+        /// Raise the namespaces' TCP buffer maximum (tcp_rmem/tcp_wmem), e.g. 64m.
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        tcp_buffers: Option<u64>,
+    },
+    /// Remove everything `up` created (safe to run twice).
+    Down,
+    /// Show settings and counters (late releases, drops).
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command in side a or b: `netem exec a -- CMD...`.
+    Exec {
+        #[arg(value_parser = ["a", "b"])]
+        side: String,
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+    #[command(hide = true)]
+    Daemon { config: String },
 }
 
 /// Parses sizes like 65536, 64k, 64KiB, 1m, 2G.

@@ -13,7 +13,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::Parser;
 
-use args::{BenchCmd, Cli, Cmd};
+use args::{BenchCmd, Cli, Cmd, NetemArgs, NetemCmd};
 use longhaul_bench::{rr, server as bench_server, tput};
 use longhaul_forward::{Client, ClientConfig, Server, ServerConfig};
 
@@ -168,5 +168,91 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             }
         },
         Cmd::Demo(d) => demo::run(d).await,
+        Cmd::Netem(n) => netem(n),
+    }
+}
+
+fn netem(n: NetemArgs) -> anyhow::Result<()> {
+    use longhaul_netem as ne;
+    match n.cmd {
+        NetemCmd::Up {
+            delay,
+            rate,
+            loss,
+            queue,
+            tcp_buffers,
+        } => {
+            let cfg = ne::NetemConfig {
+                name: n.name.clone(),
+                delay_us: delay.as_micros() as u64,
+                rate_bps: rate,
+                loss,
+                queue_bytes: queue,
+                tcp_buffer_max: tcp_buffers,
+            };
+            ne::up(&cfg, &std::env::current_exe()?)?;
+            println!(
+                "netem up: a {} (ns {}) <-> b {} (ns {}); delay {:?} each way (RTT {:?}){}{}",
+                ne::ADDR_A,
+                cfg.ns_a(),
+                ne::ADDR_B,
+                cfg.ns_b(),
+                delay,
+                delay * 2,
+                rate.map(|r| format!(", rate {} Mbit/s", r / 1_000_000))
+                    .unwrap_or_default(),
+                if loss > 0.0 {
+                    format!(", loss {:.3}%", loss * 100.0)
+                } else {
+                    String::new()
+                },
+            );
+            Ok(())
+        }
+        NetemCmd::Down => {
+            if ne::down(&n.name)? {
+                println!("netem '{}' down", n.name);
+            } else {
+                println!("netem '{}' was not up", n.name);
+            }
+            Ok(())
+        }
+        NetemCmd::Status { json } => match ne::status(&n.name)? {
+            None => {
+                println!("netem '{}' is not up", n.name);
+                Ok(())
+            }
+            Some(s) if json => {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+                Ok(())
+            }
+            Some(s) => {
+                println!(
+                    "netem '{}' up (pid {}): delay {} µs each way, rate {}, loss {:.3}%, offload {}",
+                    n.name,
+                    s.pid,
+                    s.config.delay_us,
+                    s.config.rate_bps.map(|r| format!("{} Mbit/s", r / 1_000_000)).unwrap_or("unlimited".into()),
+                    s.config.loss * 100.0,
+                    s.offload
+                );
+                for (dir, d) in [("a→b", &s.a_to_b), ("b→a", &s.b_to_a)] {
+                    println!(
+                        "  {dir}: {} packets, {} bytes, {} queue drops, {} lost, {} late (>1 ms), worst lateness {:.0} µs",
+                        d.packets, d.bytes, d.queue_drops, d.lost, d.late_releases, d.worst_lateness_us
+                    );
+                }
+                Ok(())
+            }
+        },
+        NetemCmd::Exec { side, cmd } => {
+            let side = side.chars().next().unwrap_or('a');
+            let status = ne::exec_command(&n.name, side, &cmd)?.status()?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        NetemCmd::Daemon { config } => {
+            let cfg: ne::NetemConfig = serde_json::from_str(&config)?;
+            ne::daemon(cfg)
+        }
     }
 }
