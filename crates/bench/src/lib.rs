@@ -11,6 +11,7 @@
 //! * mode 3 (request/response): repeated `size u32 | size bytes`, each
 //!   echoed back by the server.
 
+pub mod report;
 pub mod rr;
 pub mod server;
 pub mod stats;

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::stats::percentile;
@@ -16,7 +16,7 @@ pub struct RrOptions {
     pub count: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RrRow {
     pub size: u32,
     pub count: usize,
@@ -26,7 +26,7 @@ pub struct RrRow {
     pub round_trips_per_sec: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RrResult {
     pub addr: String,
     pub rows: Vec<RrRow>,

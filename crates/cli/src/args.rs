@@ -251,6 +251,49 @@ pub enum BenchCmd {
     Tput(TputArgs),
     /// Request/response round trips per size (seed 000's method).
     Rr(RrArgs),
+    /// Seed 004's table: direct vs tunnel per (delay, connections) over the
+    /// WAN emulator, written as report.md, report.json and chart.svg. Needs root.
+    Matrix(MatrixArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct MatrixArgs {
+    /// One-way delays to test (RTT = 2 × delay), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0,50ms", value_parser = parse_delay)]
+    pub delay: Vec<std::time::Duration>,
+    /// Parallel connections per cell, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,10", value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub conns: Vec<u16>,
+    /// Seconds per measurement.
+    #[arg(short = 't', long, default_value_t = 10.0)]
+    pub time: f64,
+    /// Output directory.
+    #[arg(long, default_value = "report")]
+    pub out: std::path::PathBuf,
+    /// Rate cap of the emulated link, e.g. 1gbit.
+    #[arg(long, value_parser = parse_rate)]
+    pub rate: Option<u64>,
+    /// Random loss on the emulated link, e.g. 0.5%.
+    #[arg(long, default_value = "0", value_parser = parse_loss)]
+    pub loss: f64,
+    /// Fixed socket buffers for the application (bench client and server), e.g. 64k: seed 001's scenario.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub app_buffer: Option<u64>,
+    /// Raise the namespaces' TCP buffer maximum, e.g. 64m.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub tcp_buffers: Option<u64>,
+    /// Round trips per rr size (default: about 2 s worth, 10–1000).
+    #[arg(long)]
+    pub rr_count: Option<usize>,
+    /// rr request sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000,10000,100000", value_parser = parse_rr_size)]
+    pub rr_sizes: Vec<u32>,
+    /// Skip the rr sweep.
+    #[arg(long)]
+    pub no_rr: bool,
+    /// Emulator instance name.
+    #[arg(long, default_value = "matrix")]
+    pub name: String,
 }
 
 #[derive(Args, Debug)]

@@ -2,6 +2,7 @@
 
 mod args;
 mod demo;
+mod matrix;
 
 use std::process::ExitCode;
 
@@ -151,6 +152,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 }
                 Ok(())
             }
+            BenchCmd::Matrix(m) => matrix::run(m).await,
             BenchCmd::Rr(o) => {
                 let r = rr::run(rr::RrOptions {
                     addr: o.addr.clone(),

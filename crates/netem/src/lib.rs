@@ -84,6 +84,17 @@ impl NetemConfig {
     }
 }
 
+/// Moves the calling thread (only it) into side `side` of emulator `name`,
+/// so a test can run a client or server there.
+pub fn enter_side(name: &str, side: char) -> std::io::Result<()> {
+    sys::enter_netns(&ns_name(name, side))
+}
+
+/// Whether this process may run the emulator (root or CAP_NET_ADMIN).
+pub fn can_run() -> bool {
+    sys::has_net_admin()
+}
+
 pub fn ns_name(name: &str, side: char) -> String {
     if name == "default" {
         format!("longhaul-{side}")
