@@ -275,7 +275,9 @@ mod tests {
                     count: 10,
                     mean_us: p50,
                     p50_us: p50,
+                    p90_us: p50 * 1.5,
                     p99_us: p50 * 2.0,
+                    max_us: p50 * 3.0,
                     round_trips_per_sec: 1e6 / p50,
                 })
                 .collect(),

@@ -22,7 +22,11 @@ pub struct RrRow {
     pub count: usize,
     pub mean_us: f64,
     pub p50_us: f64,
+    #[serde(default)]
+    pub p90_us: f64,
     pub p99_us: f64,
+    #[serde(default)]
+    pub max_us: f64,
     pub round_trips_per_sec: f64,
 }
 
@@ -67,7 +71,9 @@ pub async fn run(opts: RrOptions) -> std::io::Result<RrResult> {
             count: samples.len(),
             mean_us: us.iter().sum::<f64>() / us.len().max(1) as f64,
             p50_us: percentile(&us, 50.0),
+            p90_us: percentile(&us, 90.0),
             p99_us: percentile(&us, 99.0),
+            max_us: us.last().copied().unwrap_or(0.0),
             round_trips_per_sec: samples.len() as f64 / total.as_secs_f64().max(1e-9),
         });
     }
@@ -80,13 +86,20 @@ pub async fn run(opts: RrOptions) -> std::io::Result<RrResult> {
 impl RrResult {
     pub fn human(&self) -> String {
         let mut out = format!(
-            "{:>8} {:>7} {:>10} {:>10} {:>10} {:>10}\n",
-            "size", "n", "mean µs", "p50 µs", "p99 µs", "rt/s"
+            "{:>8} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+            "size", "n", "mean µs", "p50 µs", "p90 µs", "p99 µs", "max µs", "rt/s"
         );
         for r in &self.rows {
             out += &format!(
-                "{:>8} {:>7} {:>10.1} {:>10.1} {:>10.1} {:>10.0}\n",
-                r.size, r.count, r.mean_us, r.p50_us, r.p99_us, r.round_trips_per_sec
+                "{:>8} {:>7} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.0}\n",
+                r.size,
+                r.count,
+                r.mean_us,
+                r.p50_us,
+                r.p90_us,
+                r.p99_us,
+                r.max_us,
+                r.round_trips_per_sec
             );
         }
         out

@@ -14,31 +14,68 @@ use tokio::net::TcpStream;
 
 mod sockopt;
 
-pub use sockopt::tcp_rtt;
+pub use sockopt::{set_notsent_lowat, tcp_path, tcp_rtt, TcpPath};
+
+/// Unsent bytes a new carrier socket may hold in the kernel (see
+/// [`set_notsent_lowat`]), until [`PathProbe::retune`] sizes it to the path.
+pub const CARRIER_NOTSENT_LOWAT: u32 = 64 * 1024;
+/// The kernel's unsent queue is sized to this much time at the path's
+/// delivery rate: an interactive frame waits at most about this long behind
+/// bulk data there, while a fast path still gets enough queued to stay busy
+/// between writer wake-ups.
+pub const SEND_QUEUE_TIME: Duration = Duration::from_millis(2);
+/// Bounds on that queue.
+pub const NOTSENT_MIN: u32 = 16 * 1024;
+pub const NOTSENT_MAX: u32 = 1024 * 1024;
 
 pub type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
 pub type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
 
-/// Measures the path's round-trip time, if the carrier can (TCP_INFO).
-pub trait RttSource: Send + Sync {
+/// Looks at the path under a carrier: its RTT, and a chance to resize the
+/// kernel's send queue to the path's rate. Called off the data path, on the
+/// session's housekeeping tick.
+pub trait PathProbe: Send + Sync {
     fn rtt(&self) -> Option<Duration>;
+    fn retune(&self) {}
 }
 
 /// One established carrier.
 pub struct Carrier {
     pub reader: BoxRead,
     pub writer: BoxWrite,
-    /// RTT of the underlying path, when known.
-    pub rtt: Option<Box<dyn RttSource>>,
+    /// Probe of the underlying path, when the carrier has one.
+    pub probe: Option<Box<dyn PathProbe>>,
     /// Human-readable description of the far end, for logs.
     pub peer: String,
 }
 
-struct TcpRtt(socket2::Socket);
+struct TcpProbe {
+    sock: socket2::Socket,
+    lowat: std::sync::atomic::AtomicU32,
+}
 
-impl RttSource for TcpRtt {
+impl PathProbe for TcpProbe {
     fn rtt(&self) -> Option<Duration> {
-        tcp_rtt(&self.0)
+        tcp_rtt(&self.sock)
+    }
+
+    fn retune(&self) {
+        use std::sync::atomic::Ordering;
+        let Some(p) = tcp_path(&self.sock) else {
+            return;
+        };
+        if p.delivery_rate == 0 {
+            return;
+        }
+        let want = (p.delivery_rate as f64 * SEND_QUEUE_TIME.as_secs_f64()) as u64;
+        let want = want.clamp(NOTSENT_MIN as u64, NOTSENT_MAX as u64) as u32;
+        let have = self.lowat.load(Ordering::Relaxed);
+        // Only touch the socket when the change is worth it (> 25 %).
+        if want.abs_diff(have) > have / 4
+            && set_notsent_lowat(&socket2::SockRef::from(&self.sock), want).is_ok()
+        {
+            self.lowat.store(want, Ordering::Relaxed);
+        }
     }
 }
 
@@ -46,22 +83,29 @@ impl Carrier {
     /// Wraps an established TCP connection.
     pub fn from_tcp(stream: TcpStream) -> io::Result<Carrier> {
         tune_socket(&stream)?;
+        set_notsent_lowat(&socket2::SockRef::from(&stream), CARRIER_NOTSENT_LOWAT)?;
         let peer = stream.peer_addr()?.to_string();
         // A duplicate descriptor lets the RTT probe outlive the split halves
         // safely: it refers to the same socket, never to a reused number.
-        let probe = socket2::SockRef::from(&stream).try_clone()?;
+        let sock = socket2::SockRef::from(&stream).try_clone()?;
         let (r, w) = stream.into_split();
         Ok(Carrier {
             reader: Box::new(r),
             writer: Box::new(w),
-            rtt: Some(Box::new(TcpRtt(probe))),
+            probe: Some(Box::new(TcpProbe {
+                sock,
+                lowat: CARRIER_NOTSENT_LOWAT.into(),
+            })),
             peer,
         })
     }
 
-    /// Connects a TCP carrier.
-    pub async fn connect_tcp(addr: &str) -> io::Result<Carrier> {
+    /// Connects a TCP carrier, optionally with a given congestion control.
+    pub async fn connect_tcp(addr: &str, congestion: Option<&str>) -> io::Result<Carrier> {
         let s = TcpStream::connect(addr).await?;
+        if let Some(cc) = congestion {
+            set_congestion(&s, cc)?;
+        }
         Carrier::from_tcp(s)
     }
 }
@@ -77,6 +121,23 @@ pub fn tune_socket(stream: &TcpStream) -> io::Result<()> {
         .with_interval(Duration::from_secs(10));
     s.set_tcp_keepalive(&ka)?;
     Ok(())
+}
+
+/// Chooses the TCP congestion control of a carrier socket (e.g. `cubic`,
+/// `bbr`). All of a session's streams share the carrier's, so it matters
+/// more than for one connection: BBR's periodic PROBE_RTT, for one, stalls
+/// every stream for ~200 ms every 10 s while bulk data keeps the carrier busy.
+pub fn set_congestion(stream: &TcpStream, algo: &str) -> io::Result<()> {
+    socket2::SockRef::from(stream)
+        .set_tcp_congestion(algo.as_bytes())
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "congestion control '{algo}' unavailable ({e}); see /proc/sys/net/ipv4/tcp_available_congestion_control"
+                ),
+            )
+        })
 }
 
 /// Binds a TCP listener with SO_REUSEADDR (so a restarted server gets its

@@ -163,6 +163,9 @@ pub struct SessionArgs {
     /// Streams open at once in one session.
     #[arg(long, value_name = "N", default_value_t = 16384)]
     pub max_streams: usize,
+    /// TCP congestion control for the carrier (e.g. cubic, bbr; default: the system's).
+    #[arg(long, value_name = "ALGO")]
+    pub congestion: Option<String>,
 }
 
 impl SessionArgs {
@@ -294,6 +297,9 @@ pub struct MatrixArgs {
     /// Emulator instance name.
     #[arg(long, default_value = "matrix")]
     pub name: String,
+    /// TCP congestion control for longhaul's carrier (both ends).
+    #[arg(long, value_name = "ALGO")]
+    pub congestion: Option<String>,
 }
 
 #[derive(Args, Debug)]

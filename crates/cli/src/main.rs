@@ -78,6 +78,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             cfg.bind_rules = a.bind_rules();
             cfg.session = a.session.config(a.jmux);
             cfg.max_sessions = a.max_sessions;
+            cfg.congestion = a.session.congestion.clone();
             if cfg.rules.is_empty() {
                 tracing::warn!("no --allow rule given: every stream will be refused (add --allow HOST:PORT, or --allow-all)");
             }
@@ -98,6 +99,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             cfg.socks = a.socks.clone();
             cfg.http = a.http_proxy.clone();
             cfg.session = a.session.config(a.jmux);
+            cfg.congestion = a.session.congestion.clone();
             if cfg.local.is_empty()
                 && cfg.remote.is_empty()
                 && cfg.socks.is_empty()

@@ -121,6 +121,11 @@ async fn run_inner(a: &MatrixArgs) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("cannot create {}", a.out.display()))?;
+    let cc_args: Vec<String> = a
+        .congestion
+        .as_ref()
+        .map(|c| vec!["--congestion".to_string(), c.clone()])
+        .unwrap_or_default();
     let buffer_args: Vec<String> = a
         .app_buffer
         .map(|b| vec!["--buffer".to_string(), b.to_string()])
@@ -165,32 +170,28 @@ async fn run_inner(a: &MatrixArgs) -> anyhow::Result<()> {
         ]);
         bench_args.extend(buffer_args.iter().cloned());
         let _bench = spawn_in(&a.name, 'b', &bench_args)?;
-        let _server = spawn_in(
-            &a.name,
-            'b',
-            &strs(&[
-                "-q",
-                "server",
-                "--listen",
-                &format!("{}:{CARRIER_PORT}", ne::ADDR_B),
-                "--allow",
-                &format!("127.0.0.1:{BENCH_PORT}"),
-            ]),
-        )?;
+        let mut server_args = strs(&[
+            "-q",
+            "server",
+            "--listen",
+            &format!("{}:{CARRIER_PORT}", ne::ADDR_B),
+            "--allow",
+            &format!("127.0.0.1:{BENCH_PORT}"),
+        ]);
+        server_args.extend(cc_args.iter().cloned());
+        let _server = spawn_in(&a.name, 'b', &server_args)?;
         let direct = format!("{}:{BENCH_PORT}", ne::ADDR_B);
         let tunnel = format!("127.0.0.1:{FORWARD_PORT}");
         wait_ready(&a.name, &direct).await?;
-        let _client = spawn_in(
-            &a.name,
-            'a',
-            &strs(&[
-                "-q",
-                "client",
-                &format!("{}:{CARRIER_PORT}", ne::ADDR_B),
-                "-L",
-                &format!("127.0.0.1:{FORWARD_PORT}:127.0.0.1:{BENCH_PORT}"),
-            ]),
-        )?;
+        let mut client_args = strs(&[
+            "-q",
+            "client",
+            &format!("{}:{CARRIER_PORT}", ne::ADDR_B),
+            "-L",
+            &format!("127.0.0.1:{FORWARD_PORT}:127.0.0.1:{BENCH_PORT}"),
+        ]);
+        client_args.extend(cc_args.iter().cloned());
+        let _client = spawn_in(&a.name, 'a', &client_args)?;
         wait_ready(&a.name, &tunnel).await?;
         for conns in a.conns.iter().map(|&c| c as usize) {
             let mut results: Vec<TputResult> = vec![];

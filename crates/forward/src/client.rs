@@ -23,6 +23,8 @@ pub struct ClientConfig {
     pub socks: Vec<SocketAddr>,
     pub http: Vec<SocketAddr>,
     pub session: SessionConfig,
+    /// Congestion control for the carrier (None: the system default).
+    pub congestion: Option<String>,
 }
 
 impl ClientConfig {
@@ -34,6 +36,7 @@ impl ClientConfig {
             socks: vec![],
             http: vec![],
             session: SessionConfig::default(),
+            congestion: None,
         }
     }
 }
@@ -131,7 +134,7 @@ impl Client {
     /// Connects the carrier, opens every listener and asks for every reverse
     /// forward. Any failure is an error (ssh's ExitOnForwardFailure).
     pub async fn start(config: ClientConfig) -> anyhow::Result<Client> {
-        let carrier = Carrier::connect_tcp(&config.server)
+        let carrier = Carrier::connect_tcp(&config.server, config.congestion.as_deref())
             .await
             .with_context(|| format!("cannot connect to server {}", config.server))?;
         let targets: HashSet<String> = config

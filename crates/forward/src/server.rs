@@ -23,6 +23,8 @@ pub struct ServerConfig {
     pub session: SessionConfig,
     /// Carriers served at once; more are closed at accept. Default 1024.
     pub max_sessions: usize,
+    /// Congestion control for carriers (None: the system default).
+    pub congestion: Option<String>,
 }
 
 impl ServerConfig {
@@ -33,6 +35,7 @@ impl ServerConfig {
             bind_rules: BindRules::default(),
             session: SessionConfig::default(),
             max_sessions: 1024,
+            congestion: None,
         }
     }
 }
@@ -136,6 +139,16 @@ async fn reverse_accept_loop(listener: TcpListener, dest: String, session: Sessi
 
 impl Server {
     pub async fn bind(config: ServerConfig) -> std::io::Result<Server> {
+        if let Some(cc) = &config.congestion {
+            // Fail at start, not per connection, if the algorithm is missing.
+            let probe = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            probe.set_tcp_congestion(cc.as_bytes()).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("congestion control '{cc}' unavailable ({e}); see /proc/sys/net/ipv4/tcp_available_congestion_control"),
+                )
+            })?;
+        }
         let listener = bind_listener(config.listen)?;
         Ok(Server { listener, config })
     }
@@ -165,6 +178,11 @@ impl Server {
             let config = config.clone();
             tokio::spawn(async move {
                 let _permit = permit;
+                if let Some(cc) = &config.congestion {
+                    if let Err(e) = longhaul_carrier::set_congestion(&sock, cc) {
+                        return tracing::warn!(%from, "{e}");
+                    }
+                }
                 let carrier = match Carrier::from_tcp(sock) {
                     Ok(c) => c,
                     Err(e) => return tracing::info!(%from, "carrier setup failed: {e}"),

@@ -1,10 +1,17 @@
-//! Deficit round-robin (Shreedhar & Varghese) across streams.
+//! Deficit round-robin (Shreedhar & Varghese) across streams, with
+//! fq_codel's sparse-flow rule.
 //!
 //! Each stream with queued items takes turns; on its turn it earns a
 //! `quantum` of bytes and sends items while it has deficit to pay for them.
 //! With a quantum at least as large as the largest item, every turn sends at
 //! least one item and byte shares are equal over time whatever the item
 //! sizes, which is what makes ten bulk streams get a tenth each.
+//!
+//! A stream that *becomes* active (its queue was empty) joins a "new" list
+//! that is served before the round of busy streams, for one quantum. Bulk
+//! streams are never empty, so they never benefit; an interactive stream
+//! sending a small request after a pause goes out next instead of waiting a
+//! whole round behind every bulk stream's quantum.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -30,10 +37,10 @@ struct Flow<T> {
 #[derive(Debug)]
 pub struct Drr<T> {
     flows: HashMap<u32, Flow<T>>,
-    /// Streams with queued items, in service order; the front one is served.
-    active: VecDeque<u32>,
-    /// Whether the front stream has already been given its quantum this turn.
-    front_paid: bool,
+    /// Streams that just became active: served first, one quantum each.
+    new: VecDeque<u32>,
+    /// The round of busy streams.
+    old: VecDeque<u32>,
     quantum: usize,
     total_bytes: usize,
 }
@@ -42,8 +49,8 @@ impl<T: HasLen> Drr<T> {
     pub fn new(quantum: usize) -> Drr<T> {
         Drr {
             flows: HashMap::new(),
-            active: VecDeque::new(),
-            front_paid: false,
+            new: VecDeque::new(),
+            old: VecDeque::new(),
             quantum: quantum.max(1),
             total_bytes: 0,
         }
@@ -52,13 +59,15 @@ impl<T: HasLen> Drr<T> {
     /// Queues `item` at the back of stream `id`'s queue.
     pub fn push(&mut self, id: u32, item: T) {
         let size = item.size();
+        let quantum = self.quantum;
         let flow = self.flows.entry(id).or_insert_with(|| Flow {
             items: VecDeque::new(),
             bytes: 0,
             deficit: 0,
         });
         if flow.items.is_empty() {
-            self.active.push_back(id);
+            flow.deficit = quantum;
+            self.new.push_back(id);
         }
         flow.items.push_back(item);
         flow.bytes += size;
@@ -76,35 +85,38 @@ impl<T: HasLen> Drr<T> {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.active.is_empty()
+        self.new.is_empty() && self.old.is_empty()
     }
 
     /// Drops everything queued for stream `id`.
     pub fn remove(&mut self, id: u32) {
         if let Some(flow) = self.flows.remove(&id) {
             self.total_bytes -= flow.bytes;
-            if !flow.items.is_empty() {
-                if self.active.front() == Some(&id) {
-                    self.front_paid = false;
-                }
-                self.active.retain(|&a| a != id);
-            }
+            self.new.retain(|&a| a != id);
+            self.old.retain(|&a| a != id);
         }
     }
 
     /// The next item to send, and its stream.
     pub fn pop(&mut self) -> Option<(u32, T)> {
         loop {
-            let id = *self.active.front()?;
+            let (from_new, id) = match self.new.front() {
+                Some(&id) => (true, id),
+                None => (false, *self.old.front()?),
+            };
+            let list = if from_new {
+                &mut self.new
+            } else {
+                &mut self.old
+            };
             let Some(flow) = self.flows.get_mut(&id) else {
-                // Cannot happen (active ids always have a flow); recover anyway.
-                self.active.pop_front();
-                self.front_paid = false;
+                // Cannot happen (listed ids always have a flow); recover anyway.
+                list.pop_front();
                 continue;
             };
             let Some(head) = flow.items.front() else {
-                self.active.pop_front();
-                self.front_paid = false;
+                list.pop_front();
+                self.flows.remove(&id);
                 continue;
             };
             let size = head.size();
@@ -115,23 +127,15 @@ impl<T: HasLen> Drr<T> {
                 let item = flow.items.pop_front()?;
                 if flow.items.is_empty() {
                     // An idle stream keeps no credit (classic DRR).
-                    flow.deficit = 0;
                     self.flows.remove(&id);
-                    self.active.pop_front();
-                    self.front_paid = false;
+                    list.pop_front();
                 }
                 return Some((id, item));
             }
-            if !self.front_paid {
-                flow.deficit += self.quantum;
-                self.front_paid = true;
-                if size <= flow.deficit {
-                    continue;
-                }
-            }
-            // Turn over: rotate to the next stream.
-            self.active.rotate_left(1);
-            self.front_paid = false;
+            // Turn over: earn a quantum and wait for the next round.
+            flow.deficit += self.quantum;
+            list.pop_front();
+            self.old.push_back(id);
         }
     }
 }
@@ -180,6 +184,27 @@ mod tests {
         assert_eq!(d.pop(), Some((1, Item(2, 5))));
         assert_eq!(d.pop(), None);
         assert_eq!(d.total_queued(), 0);
+    }
+
+    #[test]
+    fn a_newly_active_stream_goes_first() {
+        let mut d = Drr::new(1000);
+        for i in 0..10 {
+            for _ in 0..5 {
+                d.push(i, Item(i, 1000));
+            }
+        }
+        // Serve until every bulk stream has had its first quantum and joined
+        // the round of busy streams.
+        for _ in 0..20 {
+            d.pop().unwrap();
+        }
+        d.push(99, Item(99, 10));
+        assert_eq!(
+            d.pop(),
+            Some((99, Item(99, 10))),
+            "the sparse stream waits for no round"
+        );
     }
 
     proptest! {

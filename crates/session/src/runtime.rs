@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use longhaul_carrier::{BoxRead, BoxWrite, Carrier, RttSource};
+use longhaul_carrier::{BoxRead, BoxWrite, Carrier, PathProbe};
 use longhaul_proto::drr::Drr;
 use longhaul_proto::frame::{self, DecodeLimits, Frame, Reason, MAX_DATA_PAYLOAD};
 use longhaul_proto::handshake::{self, Hello, HELLO_LEN};
@@ -24,6 +24,10 @@ use crate::stream::{downlink, uplink, Inbound};
 
 /// Largest batch the writer hands to one vectored write.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
+/// Batch size while the carrier is backed up (its last write was partial):
+/// frames taken out of the scheduler can no longer be overtaken, so take
+/// only what is about to fit.
+const BACKLOG_BATCH_BYTES: usize = 64 * 1024;
 /// Largest number of buffers in one vectored write (well under IOV_MAX).
 const MAX_IOV: usize = 64;
 /// Carrier read buffer; grown in steps of this size.
@@ -824,7 +828,7 @@ impl Session {
         };
         let reader = tokio::spawn(carrier_reader(shared.clone(), carrier.reader, limits));
         let writer = tokio::spawn(carrier_writer(shared.clone(), carrier.writer));
-        let house = tokio::spawn(housekeeping(shared.clone(), carrier.rtt));
+        let house = tokio::spawn(housekeeping(shared.clone(), carrier.probe));
         // When the session closes, stop the tasks that might be parked.
         let mut closed = shared.closed_tx.subscribe();
         tokio::spawn(async move {
@@ -1032,6 +1036,8 @@ async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite) {
     let mut batch: VecDeque<OutFrame> = VecDeque::with_capacity(MAX_IOV);
     let mut touched: Vec<u32> = Vec::with_capacity(MAX_IOV);
     let mut wakes: Vec<Arc<Notify>> = Vec::with_capacity(MAX_IOV);
+    let mut backed_up = false;
+    let mut drained;
     loop {
         {
             let mut guard = shared.lock();
@@ -1046,8 +1052,13 @@ async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite) {
                 batch.push_back(OutFrame::encoded(f));
             }
             let mut bytes = 0;
+            let limit = if backed_up {
+                BACKLOG_BATCH_BYTES
+            } else {
+                WRITE_BATCH_BYTES
+            };
             // Two iovecs per DATA frame (header, payload).
-            while bytes < WRITE_BATCH_BYTES && batch.len() < MAX_IOV / 2 {
+            while bytes < limit && batch.len() < MAX_IOV / 2 {
                 let Some((id, f)) = st.data.pop() else { break };
                 bytes += f.remaining();
                 batch.push_back(f);
@@ -1056,6 +1067,7 @@ async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite) {
                 }
             }
             st.bytes_sent += bytes as u64;
+            drained = st.data.is_empty();
             for id in touched.drain(..) {
                 if let Some(e) = st.streams.get(&id) {
                     wakes.push(e.wake.clone());
@@ -1069,16 +1081,24 @@ async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite) {
             shared.wake_writer.notified().await;
             continue;
         }
-        if let Err(e) = write_all_vectored(&mut w, &mut batch).await {
-            tracing::info!(peer = %shared.peer, "carrier write failed: {e}");
-            shared.close(format!("carrier write failed: {e}"));
-            break;
+        match write_all_vectored(&mut w, &mut batch).await {
+            // Backed up once the carrier takes less than offered; caught up
+            // again only when the scheduler has run dry.
+            Ok(partial) => backed_up = partial || (backed_up && !drained),
+            Err(e) => {
+                tracing::info!(peer = %shared.peer, "carrier write failed: {e}");
+                shared.close(format!("carrier write failed: {e}"));
+                break;
+            }
         }
     }
     let _ = w.shutdown().await;
 }
 
-async fn write_all_vectored(w: &mut BoxWrite, batch: &mut VecDeque<OutFrame>) -> io::Result<()> {
+/// Writes the whole batch; returns whether the carrier pushed back (some
+/// write took less than offered).
+async fn write_all_vectored(w: &mut BoxWrite, batch: &mut VecDeque<OutFrame>) -> io::Result<bool> {
+    let mut partial = false;
     while !batch.is_empty() {
         let n = {
             let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_IOV);
@@ -1109,18 +1129,22 @@ async fn write_all_vectored(w: &mut BoxWrite, batch: &mut VecDeque<OutFrame>) ->
                 batch.pop_front();
             }
         }
+        partial |= !batch.is_empty();
     }
-    Ok(())
+    Ok(partial)
 }
 
-async fn housekeeping(shared: Arc<Shared>, rtt: Option<Box<dyn RttSource>>) {
+async fn housekeeping(shared: Arc<Shared>, probe: Option<Box<dyn PathProbe>>) {
     let tick = Duration::from_millis(500);
     let mut last_ping: Option<Instant> = None;
     loop {
-        if let Some(r) = rtt.as_ref().and_then(|r| r.rtt()) {
-            shared
-                .tcp_rtt_ns
-                .store(r.as_nanos() as u64, Ordering::Relaxed);
+        if let Some(p) = &probe {
+            if let Some(r) = p.rtt() {
+                shared
+                    .tcp_rtt_ns
+                    .store(r.as_nanos() as u64, Ordering::Relaxed);
+            }
+            p.retune();
         }
         if shared.ext {
             if last_ping.is_none_or(|t| t.elapsed() >= shared.config.keepalive) {
