@@ -128,16 +128,25 @@ pub fn tune_socket(stream: &TcpStream) -> io::Result<()> {
 /// more than for one connection: BBR's periodic PROBE_RTT, for one, stalls
 /// every stream for ~200 ms every 10 s while bulk data keeps the carrier busy.
 pub fn set_congestion(stream: &TcpStream, algo: &str) -> io::Result<()> {
-    socket2::SockRef::from(stream)
-        .set_tcp_congestion(algo.as_bytes())
-        .map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "congestion control '{algo}' unavailable ({e}); see /proc/sys/net/ipv4/tcp_available_congestion_control"
-                ),
-            )
-        })
+    apply_congestion(&socket2::SockRef::from(stream), algo)
+}
+
+/// Checks up front that a congestion control can be used, so a server
+/// fails at start rather than on every connection.
+pub fn check_congestion(algo: &str) -> io::Result<()> {
+    let probe = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    apply_congestion(&socket2::SockRef::from(&probe), algo)
+}
+
+fn apply_congestion(sock: &socket2::SockRef<'_>, algo: &str) -> io::Result<()> {
+    sock.set_tcp_congestion(algo.as_bytes()).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "congestion control '{algo}' unavailable ({e}); see /proc/sys/net/ipv4/tcp_available_congestion_control"
+            ),
+        )
+    })
 }
 
 /// Binds a TCP listener with SO_REUSEADDR (so a restarted server gets its

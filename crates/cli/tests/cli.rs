@@ -237,3 +237,21 @@ fn bench_commands_measure_and_report_json() {
     assert_eq!(code, 2);
     assert!(err.contains("16 MiB limit"), "{err}");
 }
+
+#[test]
+fn unknown_congestion_control_is_refused_at_start() {
+    let (code, err) = run_err(&[
+        "server",
+        "--listen",
+        "127.0.0.1:0",
+        "--allow-all",
+        "--congestion",
+        "nosuchcc",
+    ]);
+    assert_eq!(code, 1);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("congestion control 'nosuchcc' unavailable"),
+        "{err}"
+    );
+}

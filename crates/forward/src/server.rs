@@ -140,14 +140,7 @@ async fn reverse_accept_loop(listener: TcpListener, dest: String, session: Sessi
 impl Server {
     pub async fn bind(config: ServerConfig) -> std::io::Result<Server> {
         if let Some(cc) = &config.congestion {
-            // Fail at start, not per connection, if the algorithm is missing.
-            let probe = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-            probe.set_tcp_congestion(cc.as_bytes()).map_err(|e| {
-                std::io::Error::new(
-                    e.kind(),
-                    format!("congestion control '{cc}' unavailable ({e}); see /proc/sys/net/ipv4/tcp_available_congestion_control"),
-                )
-            })?;
+            longhaul_carrier::check_congestion(cc)?;
         }
         let listener = bind_listener(config.listen)?;
         Ok(Server { listener, config })

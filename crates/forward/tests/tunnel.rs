@@ -48,23 +48,8 @@ async fn hundred_concurrent_streams_stay_intact() {
     let echo = echo_server().await;
     let server = start_server(allow(&[&echo.to_string()]), BindRules::default()).await;
     let client = start_client(server, &[echo]).await;
-    let fwd = client.local_addrs[0];
-    let mut tasks = vec![];
-    for i in 0..100 {
-        tasks.push(tokio::spawn(async move {
-            let data = random_bytes(64 * 1024 + i * 1000);
-            let h = sha(&data);
-            let s = TcpStream::connect(fwd).await.unwrap();
-            let got = send_and_collect(s, data).await;
-            assert_eq!(sha(&got), h, "stream {i} corrupted");
-        }));
-    }
-    within(60, async {
-        for t in tasks {
-            t.await.unwrap();
-        }
-    })
-    .await;
+    let sizes = (0..100).map(|i| 64 * 1024 + i * 1000).collect();
+    echo_streams(client.local_addrs[0], sizes).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,23 +157,7 @@ async fn stalled_consumer_stalls_only_itself() {
     // Window + queues bound what one stalled stream can hold.
     assert!(last < 64 << 20, "stalled stream absorbed {last} bytes");
 
-    let fwd = client.local_addrs[1];
-    let mut tasks = vec![];
-    for i in 0..10 {
-        tasks.push(tokio::spawn(async move {
-            let data = random_bytes(4 << 20);
-            let h = sha(&data);
-            let s = TcpStream::connect(fwd).await.unwrap();
-            let got = send_and_collect(s, data).await;
-            assert_eq!(sha(&got), h, "stream {i} corrupted");
-        }));
-    }
-    within(60, async {
-        for t in tasks {
-            t.await.unwrap();
-        }
-    })
-    .await;
+    echo_streams(client.local_addrs[1], vec![4 << 20; 10]).await;
     writer.abort();
     hold.abort();
 }

@@ -101,3 +101,24 @@ pub async fn within<T>(secs: u64, f: impl std::future::Future<Output = T>) -> T 
         .await
         .expect("timed out")
 }
+
+/// Runs one echo round trip per entry of `sizes`, all at once, through
+/// `fwd`; each stream's bytes must come back unchanged.
+pub async fn echo_streams(fwd: SocketAddr, sizes: Vec<usize>) {
+    let mut tasks = vec![];
+    for (i, size) in sizes.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let data = random_bytes(size);
+            let h = sha(&data);
+            let s = TcpStream::connect(fwd).await.unwrap();
+            let got = send_and_collect(s, data).await;
+            assert_eq!(sha(&got), h, "stream {i} corrupted");
+        }));
+    }
+    within(60, async {
+        for t in tasks {
+            t.await.unwrap();
+        }
+    })
+    .await;
+}
