@@ -294,10 +294,9 @@ impl Frame {
     }
 }
 
-/// Writes a DATA header for a payload of `payload_len` bytes into `dst[..8]`.
-/// Lets a sender read socket data straight into a buffer that already has
-/// room for its header, so the frame goes out without another copy.
-pub fn write_data_header(dst: &mut [u8], recipient: u32, payload_len: usize) {
+/// Writes a DATA header for a payload of `payload_len` bytes, so a payload
+/// read straight from a socket can go out behind it without another copy.
+pub fn write_data_header(dst: &mut [u8; DATA_HEADER_LEN], recipient: u32, payload_len: usize) {
     debug_assert!(payload_len <= MAX_DATA_PAYLOAD);
     let total = (DATA_HEADER_LEN + payload_len) as u16;
     dst[0] = T_DATA;

@@ -387,6 +387,9 @@ impl Shared {
         let id = Self::alloc_id(st);
         let want = self.config.window.initial as u64;
         let reserved = st.budget.reserve_with_floor(want, MIN_WINDOW.min(want));
+        // Unbounded in type only: the carrier reader checks every DATA
+        // against this stream's receive window before sending it here, so
+        // the queue never holds more than the window (≤ the per-stream cap).
         let (tx, rx) = mpsc::unbounded_channel();
         st.streams.insert(
             id,
