@@ -39,14 +39,38 @@ pub trait PathProbe: Send + Sync {
     fn retune(&self) {}
 }
 
+/// Writes straight to the carrier's socket, bypassing the async runtime's
+/// cached write readiness. After a write hits a full socket, epoll reports
+/// it writable again only once a third of the send buffer has drained
+/// (tens of ms on a long path), while the kernel would accept a small
+/// urgent frame as soon as any space is free. The session's writer uses this
+/// only from its own task, between its ordinary writes, so bytes never
+/// interleave.
+pub trait UrgentSend: Send + Sync {
+    /// Non-blocking vectored send; `WouldBlock` when no space is free.
+    fn try_send(&self, bufs: &[std::io::IoSlice<'_>]) -> io::Result<usize>;
+}
+
 /// One established carrier.
 pub struct Carrier {
     pub reader: BoxRead,
     pub writer: BoxWrite,
     /// Probe of the underlying path, when the carrier has one.
     pub probe: Option<Box<dyn PathProbe>>,
+    /// Direct sends for urgent frames, when the carrier can (plain TCP).
+    pub urgent: Option<Box<dyn UrgentSend>>,
     /// Human-readable description of the far end, for logs.
     pub peer: String,
+}
+
+struct TcpUrgent(socket2::Socket);
+
+impl UrgentSend for TcpUrgent {
+    fn try_send(&self, bufs: &[std::io::IoSlice<'_>]) -> io::Result<usize> {
+        // The duplicate shares the original's non-blocking file status, so
+        // this never blocks the runtime.
+        self.0.send_vectored(bufs)
+    }
 }
 
 struct TcpProbe {
@@ -88,6 +112,7 @@ impl Carrier {
         // A duplicate descriptor lets the RTT probe outlive the split halves
         // safely: it refers to the same socket, never to a reused number.
         let sock = socket2::SockRef::from(&stream).try_clone()?;
+        let urgent = socket2::SockRef::from(&stream).try_clone()?;
         let (r, w) = stream.into_split();
         Ok(Carrier {
             reader: Box::new(r),
@@ -96,6 +121,7 @@ impl Carrier {
                 sock,
                 lowat: CARRIER_NOTSENT_LOWAT.into(),
             })),
+            urgent: Some(Box::new(TcpUrgent(urgent))),
             peer,
         })
     }

@@ -99,9 +99,26 @@ impl<T: HasLen> Drr<T> {
 
     /// The next item to send, and its stream.
     pub fn pop(&mut self) -> Option<(u32, T)> {
+        self.pop_from(false, |_| true)
+    }
+
+    /// The next item of a newly active stream only (the ones that may jump
+    /// ahead of bulk data already handed to the carrier).
+    pub fn pop_new(&mut self) -> Option<(u32, T)> {
+        self.pop_from(true, |_| true)
+    }
+
+    /// Like [`Drr::pop_new`], but only if `ok` accepts the very item that
+    /// would be taken; otherwise nothing is taken.
+    pub fn pop_new_if(&mut self, ok: impl Fn(&T) -> bool) -> Option<(u32, T)> {
+        self.pop_from(true, ok)
+    }
+
+    fn pop_from(&mut self, only_new: bool, ok: impl Fn(&T) -> bool) -> Option<(u32, T)> {
         loop {
             let (from_new, id) = match self.new.front() {
                 Some(&id) => (true, id),
+                None if only_new => return None,
                 None => (false, *self.old.front()?),
             };
             let list = if from_new {
@@ -121,6 +138,9 @@ impl<T: HasLen> Drr<T> {
             };
             let size = head.size();
             if size <= flow.deficit {
+                if !ok(head) {
+                    return None;
+                }
                 flow.deficit -= size;
                 flow.bytes -= size;
                 self.total_bytes -= size;
@@ -205,6 +225,27 @@ mod tests {
             Some((99, Item(99, 10))),
             "the sparse stream waits for no round"
         );
+    }
+
+    #[test]
+    fn pop_new_takes_only_newly_active_streams() {
+        let mut d = Drr::new(1000);
+        for _ in 0..3 {
+            d.push(1, Item(1, 1000));
+        }
+        assert_eq!(d.pop_new(), Some((1, Item(1, 1000))));
+        // Stream 1 spent its quantum: it is now in the round, not new.
+        assert_eq!(d.pop_new(), None);
+        d.push(2, Item(2, 5));
+        d.push(3, Item(3, 7));
+        assert_eq!(
+            d.pop_new_if(|it| it.0 != 2),
+            None,
+            "refused item is not skipped over"
+        );
+        assert_eq!(d.pop_new(), Some((2, Item(2, 5))));
+        assert_eq!(d.pop_new_if(|it| it.0 == 3), Some((3, Item(3, 7))));
+        assert_eq!(d.pop(), Some((1, Item(1, 1000))));
     }
 
     proptest! {

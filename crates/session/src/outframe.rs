@@ -7,13 +7,29 @@
 
 use bytes::{Buf, Bytes};
 use longhaul_proto::drr::HasLen;
-use longhaul_proto::frame::DATA_HEADER_LEN;
+use longhaul_proto::frame::{DATA_HEADER_LEN, T_CLOSE, T_OPEN_SUCCESS};
+
+/// The peer's stream id of an encoded frame addressed to a stream
+/// (OPEN_SUCCESS … CLOSE all carry it first): frames whose order relative to
+/// others of the same stream must not change.
+pub(crate) fn stream_recipient(encoded: &[u8]) -> Option<u32> {
+    match encoded.first() {
+        Some(t) if (T_OPEN_SUCCESS..=T_CLOSE).contains(t) => encoded
+            .get(4..8)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])),
+        _ => None,
+    }
+}
 
 pub(crate) struct OutFrame {
     head: [u8; DATA_HEADER_LEN],
     /// Bytes of `head` not yet written, counted from its end.
     head_left: u8,
     pub body: Bytes,
+    /// Some of it has been written: nothing may be sent before the rest.
+    pub started: bool,
+    /// The stream it belongs to (peer's id) when its order matters.
+    pub recipient: Option<u32>,
 }
 
 impl OutFrame {
@@ -22,16 +38,20 @@ impl OutFrame {
         OutFrame {
             head: [0; DATA_HEADER_LEN],
             head_left: 0,
+            recipient: stream_recipient(&body),
             body,
+            started: false,
         }
     }
 
     /// A DATA frame with its header kept apart from the payload.
     pub fn data(head: [u8; DATA_HEADER_LEN], payload: Bytes) -> OutFrame {
         OutFrame {
+            recipient: stream_recipient(&head),
             head,
             head_left: DATA_HEADER_LEN as u8,
             body: payload,
+            started: false,
         }
     }
 
@@ -45,6 +65,7 @@ impl OutFrame {
 
     /// Marks `n` bytes as written; returns what was left of `n` past this frame.
     pub fn advance(&mut self, mut n: usize) -> usize {
+        self.started |= n > 0;
         let h = (self.head_left as usize).min(n);
         self.head_left -= h as u8;
         n -= h;
@@ -63,6 +84,28 @@ impl HasLen for OutFrame {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recipients_of_ordered_frames() {
+        use longhaul_proto::frame::{write_data_header, Frame};
+        let mut h = [0u8; DATA_HEADER_LEN];
+        write_data_header(&mut h, 77, 3);
+        assert_eq!(
+            OutFrame::data(h, Bytes::from_static(b"abc")).recipient,
+            Some(77)
+        );
+        let eof = Frame::Eof { recipient: 9 }.to_bytes().unwrap();
+        assert_eq!(OutFrame::encoded(eof).recipient, Some(9));
+        let adj = Frame::WindowAdjust {
+            recipient: 9,
+            increment: 1,
+        }
+        .to_bytes()
+        .unwrap();
+        assert_eq!(OutFrame::encoded(adj).recipient, Some(9));
+        let ping = Frame::Ping { nonce: 9 }.to_bytes().unwrap();
+        assert_eq!(OutFrame::encoded(ping).recipient, None);
+    }
 
     #[test]
     fn advance_across_head_and_body() {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use longhaul_carrier::{BoxRead, BoxWrite, Carrier, PathProbe};
+use longhaul_carrier::{BoxRead, BoxWrite, Carrier, PathProbe, UrgentSend};
 use longhaul_proto::drr::Drr;
 use longhaul_proto::frame::{self, DecodeLimits, Frame, Reason, MAX_DATA_PAYLOAD};
 use longhaul_proto::handshake::{self, Hello, HELLO_LEN};
@@ -830,7 +830,11 @@ impl Session {
             extensions: ext,
         };
         let reader = tokio::spawn(carrier_reader(shared.clone(), carrier.reader, limits));
-        let writer = tokio::spawn(carrier_writer(shared.clone(), carrier.writer));
+        let writer = tokio::spawn(carrier_writer(
+            shared.clone(),
+            carrier.writer,
+            carrier.urgent,
+        ));
         let house = tokio::spawn(housekeeping(shared.clone(), carrier.probe));
         // When the session closes, stop the tasks that might be parked.
         let mut closed = shared.closed_tx.subscribe();
@@ -1035,7 +1039,7 @@ async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, limits: DecodeLimit
     }
 }
 
-async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite) {
+async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite, urgent: Option<Box<dyn UrgentSend>>) {
     let mut batch: VecDeque<OutFrame> = VecDeque::with_capacity(MAX_IOV);
     let mut touched: Vec<u32> = Vec::with_capacity(MAX_IOV);
     let mut wakes: Vec<Arc<Notify>> = Vec::with_capacity(MAX_IOV);
@@ -1084,7 +1088,7 @@ async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite) {
             shared.wake_writer.notified().await;
             continue;
         }
-        match write_all_vectored(&mut w, &mut batch).await {
+        match write_batch(&shared, &mut w, urgent.as_deref(), &mut batch).await {
             // Backed up once the carrier takes less than offered; caught up
             // again only when the scheduler has run dry.
             Ok(partial) => backed_up = partial || (backed_up && !drained),
@@ -1098,38 +1102,154 @@ async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite) {
     let _ = w.shutdown().await;
 }
 
-/// Writes the whole batch; returns whether the carrier pushed back (some
-/// write took less than offered).
-async fn write_all_vectored(w: &mut BoxWrite, batch: &mut VecDeque<OutFrame>) -> io::Result<bool> {
-    let mut partial = false;
-    while !batch.is_empty() {
-        let n = {
-            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_IOV);
-            for f in batch.iter() {
-                if slices.len() + 2 > MAX_IOV {
-                    break;
-                }
-                let h = f.head();
-                if !h.is_empty() {
-                    slices.push(IoSlice::new(h));
-                }
-                if !f.body.is_empty() {
-                    slices.push(IoSlice::new(&f.body));
-                }
-            }
-            w.write_vectored(&slices).await?
-        };
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
+/// What ended one wait of the writer.
+enum Step {
+    Wrote(usize),
+    /// Something was queued while the carrier was full.
+    Woken,
+    /// Time to try the stuck urgent frames again.
+    Retry,
+}
+
+/// While urgent frames wait at the front of a full carrier, how often a
+/// direct send is retried. Armed only then: ordinary data never waits on it.
+const URGENT_RETRY: std::time::Duration = std::time::Duration::from_millis(1);
+
+fn iovecs(batch: &VecDeque<OutFrame>, upto: usize) -> Vec<IoSlice<'_>> {
+    let mut slices = Vec::with_capacity(MAX_IOV);
+    for f in batch.iter().take(upto) {
+        if slices.len() + 2 > MAX_IOV {
+            break;
         }
-        let mut left = n;
-        while left > 0 {
-            let Some(front) = batch.front_mut() else {
+        let h = f.head();
+        if !h.is_empty() {
+            slices.push(IoSlice::new(h));
+        }
+        if !f.body.is_empty() {
+            slices.push(IoSlice::new(&f.body));
+        }
+    }
+    slices
+}
+
+fn advance(batch: &mut VecDeque<OutFrame>, mut n: usize) {
+    while n > 0 {
+        let Some(front) = batch.front_mut() else {
+            break;
+        };
+        n = front.advance(n);
+        if front.remaining() == 0 {
+            batch.pop_front();
+        }
+    }
+}
+
+/// Moves urgent frames (the control lane, and streams that just became
+/// active) to right behind the frame being written. Returns how many
+/// frames now lead the batch and may go out in a direct send.
+///
+/// Order within a stream is never changed: a frame only moves if no frame
+/// of its stream is already in the batch; the first one that cannot move
+/// stops the pulling, so the control lane stays first in, first out, and
+/// DATA moves only once the control lane is empty.
+fn pull_urgent(shared: &Shared, batch: &mut VecDeque<OutFrame>) -> usize {
+    let mut urgent: Vec<OutFrame> = Vec::new();
+    let mut wakes: Vec<Arc<Notify>> = Vec::new();
+    let in_batch = |r: Option<u32>| r.is_some_and(|r| batch.iter().any(|f| f.recipient == Some(r)));
+    {
+        let mut guard = shared.lock();
+        let st = &mut *guard;
+        while let Some(f) = st.control.front() {
+            if in_batch(crate::outframe::stream_recipient(f)) {
+                break;
+            }
+            let Some(f) = st.control.pop_front() else {
                 break;
             };
-            left = front.advance(left);
-            if front.remaining() == 0 {
-                batch.pop_front();
+            st.control_bytes -= f.len();
+            urgent.push(OutFrame::encoded(f));
+        }
+        // DATA may only follow the whole control lane: an OPEN_SUCCESS still
+        // waiting there must reach the peer before its stream's first DATA.
+        while st.control.is_empty() && urgent.len() < MAX_IOV / 4 {
+            let Some((id, f)) = st.data.pop_new_if(|f| !in_batch(f.recipient)) else {
+                break;
+            };
+            st.bytes_sent += f.remaining() as u64;
+            urgent.push(f);
+            if let Some(e) = st.streams.get(&id) {
+                wakes.push(e.wake.clone());
+            }
+        }
+    }
+    for n in wakes {
+        n.notify_one();
+    }
+    if urgent.is_empty() {
+        return 0;
+    }
+    let at = usize::from(batch.front().is_some_and(|f| f.started));
+    let count = urgent.len();
+    for (i, f) in urgent.into_iter().enumerate() {
+        batch.insert(at + i, f);
+    }
+    at + count
+}
+
+/// Writes the whole batch; returns whether the carrier pushed back (some
+/// write took less than offered). While the carrier is full, urgent frames
+/// queued meanwhile are moved forward and sent directly, without waiting
+/// for the runtime to see the socket writable again.
+async fn write_batch(
+    shared: &Shared,
+    w: &mut BoxWrite,
+    urgent: Option<&dyn UrgentSend>,
+    batch: &mut VecDeque<OutFrame>,
+) -> io::Result<bool> {
+    let mut partial = false;
+    // Leading frames of the batch that are urgent and not yet fully sent.
+    let mut stuck = 0usize;
+    while !batch.is_empty() {
+        let step = {
+            let slices = iovecs(batch, usize::MAX);
+            match urgent {
+                None => Step::Wrote(w.write_vectored(&slices).await?),
+                Some(_) => {
+                    tokio::select! {
+                        r = w.write_vectored(&slices) => Step::Wrote(r?),
+                        _ = shared.wake_writer.notified() => Step::Woken,
+                        _ = tokio::time::sleep(URGENT_RETRY), if stuck > 0 => Step::Retry,
+                    }
+                }
+            }
+        };
+        match step {
+            Step::Wrote(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Step::Wrote(n) => {
+                advance(batch, n);
+                stuck = 0;
+            }
+            Step::Woken | Step::Retry => {
+                let pulled = pull_urgent(shared, batch);
+                let lead = pulled.max(stuck.min(batch.len()));
+                if let (Some(u), true) = (urgent, lead > 0) {
+                    let before = batch.len();
+                    let sent = u.try_send(&iovecs(batch, lead));
+                    match sent {
+                        Ok(n) => advance(batch, n),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
+                    }
+                    // Frames fully sent left the batch; the rest stay stuck.
+                    stuck = lead.saturating_sub(before - batch.len());
+                }
+                // Wakes from bulk pushes find nothing urgent and just wait
+                // again; the outer loop looks at the queues before it sleeps,
+                // so consuming the wake here loses no work.
+                if shared.lock().dead.is_some() {
+                    return Err(io::Error::other("session closed"));
+                }
+                continue;
             }
         }
         partial |= !batch.is_empty();
