@@ -251,8 +251,12 @@ fn netem(n: NetemArgs) -> anyhow::Result<()> {
         },
         NetemCmd::Exec { side, cmd } => {
             let side = side.chars().next().unwrap_or('a');
-            let status = ne::exec_command(&n.name, side, &cmd)?.status()?;
-            std::process::exit(status.code().unwrap_or(1));
+            // Become the command (via `ip netns exec`), so its PID is ours
+            // and signals sent to us reach it; returns only on failure.
+            let err = std::os::unix::process::CommandExt::exec(&mut ne::exec_command(
+                &n.name, side, &cmd,
+            )?);
+            anyhow::bail!("cannot run {:?} in side {side}: {err}", cmd.join(" "))
         }
         NetemCmd::Daemon { config } => {
             let cfg: ne::NetemConfig = serde_json::from_str(&config)?;

@@ -92,6 +92,20 @@ fn up_gives_the_configured_rtt_and_down_leaves_nothing() {
         (avg - 20.0).abs() <= 2.0,
         "ping RTT {avg} ms, wanted 20 ± 2 ms"
     );
+    // `exec` becomes the command: its PID is the one we hold, so signals reach it.
+    let mut child = Command::new(BIN)
+        .args(["netem", "--name", name, "exec", "b", "--", "sleep", "30"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap_or_default();
+    assert!(
+        String::from_utf8_lossy(&cmdline).starts_with("sleep"),
+        "exec did not replace itself"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+
     let (ok, out) = longhaul(&["netem", "--name", name, "status", "--json"]);
     assert!(ok, "{out}");
     let st: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -112,6 +126,8 @@ fn up_gives_the_configured_rtt_and_down_leaves_nothing() {
     assert!(!std::path::Path::new("/run/longhaul-netem/tping").exists());
     let (ok, out) = longhaul(&["netem", "--name", name, "down"]);
     assert!(ok && out.contains("was not up"), "second down: {out}");
+    let (ok, out) = longhaul(&["netem", "--name", name, "exec", "a", "--", "true"]);
+    assert!(!ok && out.contains("is not up"), "exec when down: {out}");
 }
 
 #[test]
