@@ -30,8 +30,9 @@ const WRITE_BATCH_BYTES: usize = 1024 * 1024;
 const BACKLOG_BATCH_BYTES: usize = 64 * 1024;
 /// Largest number of buffers in one vectored write (well under IOV_MAX).
 const MAX_IOV: usize = 64;
-/// Carrier read buffer; grown in steps of this size.
-const READ_CHUNK: usize = 256 * 1024;
+/// Carrier read buffer size. DATA payloads are slices of it, so one buffer
+/// lives until its last payload is delivered (bounded by the windows).
+const READ_CHUNK: usize = 512 * 1024;
 /// Smallest window granted to a new stream when the budget is spent.
 const MIN_WINDOW: u64 = 16 * 1024;
 /// Reverse-forward listeners one session may ask for.
@@ -1021,7 +1022,12 @@ async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, limits: DecodeLimit
             }
         }
         if buf.capacity() - buf.len() < frame::MAX_FRAME_LEN {
-            buf.reserve(READ_CHUNK);
+            // Start a fresh buffer holding only the unfinished frame at the
+            // tail (< 64 KiB); growing the old one would copy the frames
+            // already handed out of it as well.
+            let mut fresh = BytesMut::with_capacity(READ_CHUNK + buf.len());
+            fresh.extend_from_slice(&buf);
+            buf = fresh;
         }
         match r.read_buf(&mut buf).await {
             Ok(0) => {

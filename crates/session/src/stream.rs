@@ -52,7 +52,12 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, mut rd: OwnedReadHalf) 
             };
             wake.notified().await;
         };
-        buf.reserve(n);
+        if buf.capacity() < n {
+            // A fresh buffer, never a grown one: growing a uniquely owned
+            // buffer reallocates and copies everything already sent out of
+            // it (seen at 4.5 % of the relay's CPU).
+            buf = BytesMut::with_capacity(UPLINK_READ.max(n));
+        }
         let r = (&mut rd).take(n as u64).read_buf(&mut buf).await;
         let mut guard = shared.lock();
         let st = &mut *guard;
