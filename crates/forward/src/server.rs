@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use longhaul_carrier::{bind_listener, Carrier};
-use longhaul_proto::frame::format_dest;
 use longhaul_proto::Reason;
 use longhaul_session::{Acceptor, BoxFuture, OpenRefused, Session, SessionConfig, SessionHandle};
 use tokio::net::{TcpListener, TcpStream};
@@ -196,9 +195,4 @@ impl Server {
             });
         }
     }
-}
-
-/// The destination URL for a forward's target.
-pub fn dest_of(host: &str, port: u16) -> String {
-    format_dest(host, port)
 }
