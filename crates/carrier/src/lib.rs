@@ -12,9 +12,17 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
+pub mod dial;
+pub mod keys;
 mod sockopt;
+pub mod tls;
+pub mod url;
+pub mod ws;
 
+pub use dial::{accept, dial, stdio, DialOptions};
+pub use keys::{Fingerprint, Identity};
 pub use sockopt::{set_notsent_lowat, tcp_path, tcp_rtt, TcpPath};
+pub use url::{CarrierUrl, ListenUrl, Transport};
 
 /// Unsent bytes a new carrier socket may hold in the kernel (see
 /// [`set_notsent_lowat`]), until [`PathProbe::retune`] sizes it to the path.
@@ -103,7 +111,32 @@ impl PathProbe for TcpProbe {
     }
 }
 
+/// A probe of a TCP socket's path, for carriers that wrap the socket in
+/// TLS or WebSocket. The RTT and send-queue tuning still apply below them.
+pub fn tcp_probe(stream: &TcpStream) -> io::Result<Box<dyn PathProbe>> {
+    set_notsent_lowat(&socket2::SockRef::from(stream), CARRIER_NOTSENT_LOWAT)?;
+    Ok(Box::new(TcpProbe {
+        sock: socket2::SockRef::from(stream).try_clone()?,
+        lowat: CARRIER_NOTSENT_LOWAT.into(),
+    }))
+}
+
 impl Carrier {
+    /// Wraps one read+write stream (TLS, WebSocket).
+    pub fn from_io<S>(io: S, probe: Option<Box<dyn PathProbe>>, peer: String) -> Carrier
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (reader, writer) = dial::split_io(io);
+        Carrier {
+            reader,
+            writer,
+            probe,
+            urgent: None,
+            peer,
+        }
+    }
+
     /// Wraps an established TCP connection.
     pub fn from_tcp(stream: TcpStream) -> io::Result<Carrier> {
         tune_socket(&stream)?;

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 
 use clap::{Args, Parser, Subcommand};
+use longhaul_carrier::{CarrierUrl, Fingerprint, ListenUrl};
 use longhaul_forward::rules::{BindRule, BindRules, Rule, Rules};
 use longhaul_forward::spec::{parse_forward, parse_listen, ForwardSpec};
 use longhaul_proto::window::WindowConfig;
@@ -36,6 +37,13 @@ pub enum Cmd {
     /// Start a bench server, a longhaul server and client on loopback and
     /// print a short direct-vs-tunnel comparison.
     Demo(DemoArgs),
+    /// Make a key pair (Ed25519) and print its fingerprint.
+    Keygen(KeygenArgs),
+    /// Print the fingerprint of a key file.
+    Fingerprint {
+        /// A key written by 'longhaul keygen'.
+        file: std::path::PathBuf,
+    },
     /// WAN emulator: two namespaces (a = 198.18.0.1, b = 198.18.0.2) joined
     /// by a userspace delay line. Needs root or CAP_NET_ADMIN.
     Netem(NetemArgs),
@@ -48,6 +56,18 @@ pub struct NetemArgs {
     pub name: String,
     #[command(subcommand)]
     pub cmd: NetemCmd,
+}
+
+#[derive(Args, Debug)]
+pub struct KeygenArgs {
+    /// Where to write the private key (PATH.pub gets the fingerprint). Default: ~/.config/longhaul/key.
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+}
+
+/// `~/.config/longhaul/NAME`.
+pub fn config_path(name: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".config/longhaul").join(name))
 }
 
 fn parse_delay(s: &str) -> Result<std::time::Duration, String> {
@@ -166,6 +186,12 @@ pub struct SessionArgs {
     /// TCP congestion control for the carrier (e.g. cubic, bbr; default: the system's).
     #[arg(long, value_name = "ALGO")]
     pub congestion: Option<String>,
+    /// Time allowed for a carrier's TLS, WebSocket upgrade, authentication and hello.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_delay)]
+    pub handshake_timeout: std::time::Duration,
+    /// Close a session with no stream open for this long (0: never).
+    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = parse_delay)]
+    pub idle_timeout: std::time::Duration,
 }
 
 impl SessionArgs {
@@ -179,16 +205,43 @@ impl SessionArgs {
             },
             budget: self.session_budget,
             max_streams: self.max_streams.max(1),
+            handshake_timeout: self.handshake_timeout.max(std::time::Duration::from_millis(100)),
+            idle_timeout: (!self.idle_timeout.is_zero()).then_some(self.idle_timeout),
             ..SessionConfig::default()
         }
     }
 }
 
+fn parse_listen_url(s: &str) -> Result<ListenUrl, String> {
+    s.parse()
+}
+fn parse_carrier_url(s: &str) -> Result<CarrierUrl, String> {
+    s.parse()
+}
+fn parse_fingerprint(s: &str) -> Result<Fingerprint, String> {
+    s.parse()
+}
+
 #[derive(Args, Debug)]
 pub struct ServerArgs {
-    /// Address to accept carriers on, e.g. 0.0.0.0:7000.
-    #[arg(long, value_parser = parse_addr)]
-    pub listen: SocketAddr,
+    /// Carrier listener: [tls://]IP:PORT, tcp://IP:PORT, ws://IP:PORT/PATH or wss://IP:PORT/PATH. Repeatable.
+    #[arg(long, value_name = "URL", value_parser = parse_listen_url, required_unless_present = "stdio")]
+    pub listen: Vec<ListenUrl>,
+    /// Serve one session on stdin/stdout (for cmd:// clients, e.g. over ssh). The pipe's owner authenticates.
+    #[arg(long, conflicts_with = "listen")]
+    pub stdio: bool,
+    /// The server's key (from 'longhaul keygen'), for TLS listeners.
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<std::path::PathBuf>,
+    /// Client keys allowed in, one per line: SHA256:… [allow=RULE,…] [bind=RULE,…] [# comment].
+    #[arg(long, value_name = "FILE")]
+    pub authorized_keys: Option<std::path::PathBuf>,
+    /// Shared secret clients may authenticate with instead of a key.
+    #[arg(long, env = "LONGHAUL_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Let in clients without key or token, and allow unencrypted tcp:// and plain ws:// listeners.
+    #[arg(long)]
+    pub insecure: bool,
     /// Allow streams to HOST:PORT (HOST: IP, CIDR, name, *.suffix or *; PORT: n, a-b or *). Repeatable.
     #[arg(long = "allow", value_name = "RULE", value_parser = parse_rule)]
     pub allow: Vec<Rule>,
@@ -219,8 +272,24 @@ impl ServerArgs {
 
 #[derive(Args, Debug)]
 pub struct ClientArgs {
-    /// The server's carrier address, HOST:PORT.
-    pub server: String,
+    /// The server: [tls://]HOST:PORT, tcp://HOST:PORT, ws://HOST:PORT/PATH, wss://HOST:PORT/PATH or cmd://COMMAND.
+    #[arg(value_parser = parse_carrier_url)]
+    pub server: CarrierUrl,
+    /// Our key (default: ~/.config/longhaul/key if it exists).
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<std::path::PathBuf>,
+    /// The server's key fingerprint (SHA256:…); without it, trust on first use via --known-hosts.
+    #[arg(long, value_name = "FINGERPRINT", value_parser = parse_fingerprint)]
+    pub pin: Option<Fingerprint>,
+    /// Remembered server keys (default: ~/.config/longhaul/known_hosts).
+    #[arg(long, value_name = "FILE")]
+    pub known_hosts: Option<std::path::PathBuf>,
+    /// Shared secret, if the server takes one instead of a key.
+    #[arg(long, env = "LONGHAUL_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Allow an unencrypted carrier (tcp://, plain ws://).
+    #[arg(long)]
+    pub insecure: bool,
     /// Local forward [BIND:]PORT:HOST:HOSTPORT (ssh -L). Repeatable.
     #[arg(short = 'L', value_name = "SPEC", value_parser = parse_l)]
     pub local: Vec<ForwardSpec>,

@@ -16,6 +16,7 @@ use clap::Parser;
 
 use args::{BenchCmd, Cli, Cmd, NetemArgs, NetemCmd};
 use longhaul_bench::{rr, server as bench_server, tput};
+use longhaul_forward::auth::AuthorizedKeys;
 use longhaul_forward::{Client, ClientConfig, Server, ServerConfig};
 
 fn main() -> ExitCode {
@@ -72,57 +73,22 @@ fn main() -> ExitCode {
 
 async fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
-        Cmd::Server(a) => {
-            let mut cfg = ServerConfig::new(a.listen);
-            cfg.rules = a.rules();
-            cfg.bind_rules = a.bind_rules();
-            cfg.session = a.session.config(a.jmux);
-            cfg.max_sessions = a.max_sessions;
-            cfg.congestion = a.session.congestion.clone();
-            if cfg.rules.is_empty() {
-                tracing::warn!("no --allow rule given: every stream will be refused (add --allow HOST:PORT, or --allow-all)");
-            }
-            let server = Server::bind(cfg)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", a.listen))?;
-            tracing::info!("listening on {}", server.local_addr()?);
-            tokio::select! {
-                _ = server.run() => {}
-                _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
-            }
+        Cmd::Server(a) => server(a).await,
+        Cmd::Client(a) => client(a).await,
+        Cmd::Keygen(k) => {
+            let path = k
+                .out
+                .or_else(|| args::config_path("key"))
+                .ok_or_else(|| anyhow::anyhow!("no HOME to put the key in; give --out FILE"))?;
+            let id = longhaul_carrier::Identity::generate()?;
+            id.save(&path)?;
+            eprintln!("key written to {} (fingerprint also in {}.pub)", path.display(), path.display());
+            println!("{}", id.fingerprint);
             Ok(())
         }
-        Cmd::Client(a) => {
-            let mut cfg = ClientConfig::new(a.server.clone());
-            cfg.local = a.local.clone();
-            cfg.remote = a.remote.clone();
-            cfg.socks = a.socks.clone();
-            cfg.http = a.http_proxy.clone();
-            cfg.session = a.session.config(a.jmux);
-            cfg.congestion = a.session.congestion.clone();
-            if cfg.local.is_empty()
-                && cfg.remote.is_empty()
-                && cfg.socks.is_empty()
-                && cfg.http.is_empty()
-            {
-                anyhow::bail!(
-                    "nothing to forward: give at least one of -L, -R, -D or --http-proxy"
-                );
-            }
-            let client = Client::start(cfg).await?;
-            for (spec, addr) in a.local.iter().zip(&client.local_addrs) {
-                tracing::info!("forwarding {addr} -> {}:{}", spec.host, spec.host_port);
-            }
-            for addr in &client.socks_addrs {
-                tracing::info!("SOCKS5 proxy on {addr}");
-            }
-            for addr in &client.http_addrs {
-                tracing::info!("HTTP CONNECT proxy on {addr}");
-            }
-            tokio::select! {
-                why = client.wait() => anyhow::bail!("session with {} ended: {why}", a.server),
-                _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted"); Ok(()) }
-            }
+        Cmd::Fingerprint { file } => {
+            println!("{}", longhaul_carrier::Identity::load(&file)?.fingerprint);
+            Ok(())
         }
         Cmd::Bench(b) => match b.cmd {
             BenchCmd::Server(s) => {
@@ -173,6 +139,103 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         },
         Cmd::Demo(d) => demo::run(d).await,
         Cmd::Netem(n) => netem(n),
+    }
+}
+
+async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let mut cfg = ServerConfig::new(
+        a.listen
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "127.0.0.1:0".parse().expect("valid")),
+    );
+    cfg.listen = a.listen.clone();
+    cfg.rules = a.rules();
+    cfg.bind_rules = a.bind_rules();
+    cfg.session = a.session.config(a.jmux);
+    cfg.max_sessions = a.max_sessions;
+    cfg.congestion = a.session.congestion.clone();
+    if cfg.rules.is_empty() {
+        tracing::warn!("no --allow rule given: every stream will be refused (add --allow HOST:PORT, or --allow-all)");
+    }
+    if a.stdio {
+        let why = Server::serve_stdio(cfg).await.map_err(|e| anyhow::anyhow!(e))?;
+        tracing::info!("stdio session ended: {why}");
+        return Ok(());
+    }
+    if let Some(k) = &a.key {
+        cfg.identity = Some(longhaul_carrier::Identity::load(k)?);
+    }
+    if let Some(f) = &a.authorized_keys {
+        let keys = AuthorizedKeys::load(f).map_err(|e| anyhow::anyhow!(e))?;
+        tracing::info!("{} authorized key(s) from {}", keys.len(), f.display());
+        cfg.auth.authorized_keys = Some(keys);
+    }
+    cfg.auth.token = a.token.clone().filter(|t| !t.is_empty());
+    if cfg.auth.token.as_ref().is_some_and(|t| t.len() > longhaul_forward::auth::MAX_TOKEN) {
+        anyhow::bail!("--token is longer than {} bytes", longhaul_forward::auth::MAX_TOKEN);
+    }
+    cfg.auth.insecure = a.insecure;
+    if a.insecure {
+        tracing::warn!("--insecure: unencrypted listeners allowed{}", if cfg.auth.is_open() { ", and anyone who can connect may use this server" } else { "" });
+    }
+    let key_fp = cfg.identity.as_ref().map(|i| i.fingerprint);
+    let server = Server::bind(cfg).await.context("server not started")?;
+    if let Some(fp) = key_fp {
+        tracing::info!("server key {fp} (clients: --pin {fp})");
+    }
+    for l in server.listening() {
+        tracing::info!("listening on {l}");
+    }
+    tokio::select! {
+        _ = server.run() => {}
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
+    }
+    Ok(())
+}
+
+async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
+    let mut cfg = ClientConfig::new(a.server.clone());
+    cfg.local = a.local.clone();
+    cfg.remote = a.remote.clone();
+    cfg.socks = a.socks.clone();
+    cfg.http = a.http_proxy.clone();
+    cfg.session = a.session.config(a.jmux);
+    cfg.congestion = a.session.congestion.clone();
+    if cfg.local.is_empty() && cfg.remote.is_empty() && cfg.socks.is_empty() && cfg.http.is_empty() {
+        anyhow::bail!("nothing to forward: give at least one of -L, -R, -D or --http-proxy");
+    }
+    let key = match &a.key {
+        Some(k) => Some(k.clone()),
+        None => args::config_path("key").filter(|p| p.exists()),
+    };
+    if let Some(k) = key {
+        let id = longhaul_carrier::Identity::load(&k)?;
+        tracing::debug!("our key {} ({})", id.fingerprint, k.display());
+        cfg.identity = Some(id);
+    }
+    cfg.pin = a.pin;
+    cfg.known_hosts = a
+        .known_hosts
+        .clone()
+        .or_else(|| args::config_path("known_hosts"))
+        .map(longhaul_forward::known_hosts::KnownHosts::new);
+    cfg.token = a.token.clone().filter(|t| !t.is_empty());
+    cfg.insecure = a.insecure;
+    let client = Client::start(cfg).await?;
+    for (spec, addr) in a.local.iter().zip(&client.local_addrs) {
+        tracing::info!("forwarding {addr} -> {}:{}", spec.host, spec.host_port);
+    }
+    for addr in &client.socks_addrs {
+        tracing::info!("SOCKS5 proxy on {addr}");
+    }
+    for addr in &client.http_addrs {
+        tracing::info!("HTTP CONNECT proxy on {addr}");
+    }
+    tokio::select! {
+        why = client.wait() => anyhow::bail!("session with {} ended: {why}", a.server),
+        _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted"); Ok(()) }
     }
 }
 

@@ -4,20 +4,32 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use anyhow::{anyhow, Context};
-use longhaul_carrier::{bind_listener, Carrier};
+use anyhow::{anyhow, bail, Context};
+use longhaul_carrier::tls::PinVerifier;
+use longhaul_carrier::{bind_listener, CarrierUrl, DialOptions, Fingerprint, Identity, Transport};
+use tokio::io::AsyncWriteExt;
 use longhaul_proto::frame::{format_dest, parse_dest};
 use longhaul_proto::Reason;
 use longhaul_session::{Acceptor, BoxFuture, OpenRefused, Session, SessionConfig, SessionHandle};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::connect::connect_host;
+use crate::known_hosts::{Known, KnownHosts};
 use crate::spec::{listen_addr, ForwardSpec};
 
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// `host:port` of the server's carrier listener.
-    pub server: String,
+    /// The server's carrier.
+    pub server: CarrierUrl,
+    /// Our key, shown to the server in TLS (None: authenticate by token).
+    pub identity: Option<Identity>,
+    /// The server's key must be this one.
+    pub pin: Option<Fingerprint>,
+    /// Without a pin: trust on first use, remembered here.
+    pub known_hosts: Option<KnownHosts>,
+    pub token: Option<String>,
+    /// Allow unencrypted carriers (tcp://, plain ws://).
+    pub insecure: bool,
     pub local: Vec<ForwardSpec>,
     pub remote: Vec<ForwardSpec>,
     pub socks: Vec<SocketAddr>,
@@ -28,9 +40,14 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
-    pub fn new(server: impl Into<String>) -> ClientConfig {
+    pub fn new(server: CarrierUrl) -> ClientConfig {
         ClientConfig {
-            server: server.into(),
+            server,
+            identity: None,
+            pin: None,
+            known_hosts: None,
+            token: None,
+            insecure: false,
             local: vec![],
             remote: vec![],
             socks: vec![],
@@ -39,6 +56,82 @@ impl ClientConfig {
             congestion: None,
         }
     }
+}
+
+/// Dials the carrier and checks the server's key (pin or known-hosts)
+/// before anything else is sent.
+async fn connect(config: &ClientConfig) -> anyhow::Result<longhaul_carrier::Carrier> {
+    let url = &config.server;
+    let use_tls = match url {
+        CarrierUrl::Cmd { .. } => false,
+        CarrierUrl::Net { transport, .. } => match transport {
+            Transport::Tcp if !config.insecure => bail!(
+                "{url} is unencrypted and unauthenticated; use tls:// (the default) or pass --insecure"
+            ),
+            Transport::Tcp => false,
+            Transport::Ws { .. } => !config.insecure,
+            Transport::Tls | Transport::Wss { .. } => true,
+        },
+    };
+    let host = match url {
+        CarrierUrl::Net { addr, .. } => addr.clone(),
+        CarrierUrl::Cmd { .. } => String::new(),
+    };
+    let mut opts = DialOptions {
+        tls: None,
+        congestion: config.congestion.clone(),
+    };
+    let mut known = Known::Unknown;
+    let mut verifier = None;
+    if use_tls {
+        if config.pin.is_none() {
+            if let Some(kh) = &config.known_hosts {
+                known = kh.lookup(&host).map_err(|e| anyhow!(e))?;
+            } else {
+                tracing::warn!("no --pin and no known-hosts file: the server's key is not checked");
+            }
+        }
+        let expected = config.pin.or(match known {
+            Known::Key(fp, _) => Some(fp),
+            Known::Unknown => None,
+        });
+        let v = PinVerifier::new(expected);
+        opts.tls = Some(
+            longhaul_carrier::tls::client_config(config.identity.as_ref(), v.clone())
+                .context("TLS setup failed")?,
+        );
+        verifier = Some((v, expected));
+    } else if !matches!(url, CarrierUrl::Cmd { .. }) {
+        tracing::warn!("{url}: carrier is NOT encrypted (--insecure)");
+    }
+    let carrier = match longhaul_carrier::dial(url, &opts).await {
+        Ok(c) => c,
+        Err(e) => {
+            if let Some((v, Some(want))) = &verifier {
+                if let Some(seen) = v.seen().filter(|s| s != want) {
+                    match (&known, &config.known_hosts) {
+                        (Known::Key(_, line), Some(kh)) => bail!(
+                            "REFUSED: the key of server {host} has CHANGED: it shows {seen}, but {} line {line} says {want}. \
+                             Someone may be intercepting the connection. If the server's key was changed on purpose, delete that line.",
+                            kh.path().display()
+                        ),
+                        _ => bail!("REFUSED: server {host} shows key {seen}, not the pinned {want}"),
+                    }
+                }
+            }
+            return Err(anyhow!(e)).with_context(|| format!("cannot connect to server {url}"));
+        }
+    };
+    if let (Some((v, None)), Some(kh)) = (&verifier, &config.known_hosts) {
+        if let Some(seen) = v.seen() {
+            kh.remember(&host, seen).map_err(|e| anyhow!(e))?;
+            tracing::warn!(
+                "first connection to {host}: trusting its key {seen} from now on (saved in {})",
+                kh.path().display()
+            );
+        }
+    }
+    Ok(carrier)
 }
 
 /// A running client.
@@ -134,9 +227,16 @@ impl Client {
     /// Connects the carrier, opens every listener and asks for every reverse
     /// forward. Any failure is an error (ssh's ExitOnForwardFailure).
     pub async fn start(config: ClientConfig) -> anyhow::Result<Client> {
-        let carrier = Carrier::connect_tcp(&config.server, config.congestion.as_deref())
-            .await
-            .with_context(|| format!("cannot connect to server {}", config.server))?;
+        let url = &config.server;
+        let mut carrier = connect(&config).await?;
+        if config.session.mode == longhaul_session::Mode::Native {
+            let p = crate::auth::preamble(config.token.as_deref()).map_err(|e| anyhow!(e))?;
+            carrier
+                .writer
+                .write_all(&p)
+                .await
+                .with_context(|| format!("cannot authenticate to {url}"))?;
+        }
         let targets: HashSet<String> = config
             .remote
             .iter()
@@ -147,7 +247,9 @@ impl Client {
         });
         let session = Session::start(carrier, config.session.clone(), acceptor)
             .await
-            .with_context(|| format!("session with {} failed", config.server))?;
+            .with_context(|| {
+                format!("session with {url} failed (a server that closes at once did not accept our key or token)")
+            })?;
 
         let mut listeners = vec![];
         let mut local_addrs = vec![];

@@ -23,25 +23,31 @@ pub fn target(dest: &str) -> Result<(String, u16), OpenRefused> {
     })
 }
 
-/// Resolves `host:port` to the addresses `rules` allow. A name allowed by a
-/// name rule may go to any of its addresses; otherwise only the resolved
-/// addresses that an IP/CIDR rule admits are used. Nothing is resolved when
-/// no rule could admit the target, so refused names cause no DNS traffic.
+/// Resolves `host:port` to the addresses that every rule set in `sets`
+/// allows (the server's global rules, then a key's own, narrower ones). A
+/// name allowed by a name rule may go to any of its addresses; otherwise
+/// only the resolved addresses that an IP/CIDR rule admits are used.
+/// Nothing is resolved when some set could not admit the target, so refused
+/// names cause no DNS traffic.
 pub async fn allowed_addrs(
-    rules: &Rules,
+    sets: &[&Rules],
     host: &str,
     port: u16,
 ) -> Result<Vec<SocketAddr>, OpenRefused> {
     let not_allowed = || OpenRefused::new(Reason::NOT_ALLOWED, "not allowed");
     if let Ok(ip) = host.parse::<IpAddr>() {
-        return if rules.allows_ip(ip, port) {
+        return if sets.iter().all(|r| r.allows_ip(ip, port)) {
             Ok(vec![SocketAddr::new(ip, port)])
         } else {
             Err(not_allowed())
         };
     }
-    let by_name = rules.allows_name(host, port);
-    if !by_name && !rules.has_address_rules() {
+    let by_name: Vec<bool> = sets.iter().map(|r| r.allows_name(host, port)).collect();
+    if sets
+        .iter()
+        .zip(&by_name)
+        .any(|(r, &named)| !named && !r.has_address_rules())
+    {
         return Err(not_allowed());
     }
     let resolved: Vec<SocketAddr> =
@@ -59,7 +65,11 @@ pub async fn allowed_addrs(
             .collect();
     let ok: Vec<SocketAddr> = resolved
         .into_iter()
-        .filter(|a| by_name || rules.allows_ip(a.ip(), port))
+        .filter(|a| {
+            sets.iter()
+                .zip(&by_name)
+                .all(|(r, &named)| named || r.allows_ip(a.ip(), port))
+        })
         .collect();
     if ok.is_empty() {
         return Err(not_allowed());

@@ -8,7 +8,9 @@
 //! * [`client`] — local forwards, reverse forwards, SOCKS5 and HTTP CONNECT
 //!   listeners over one session.
 
+pub mod auth;
 pub mod client;
+pub mod known_hosts;
 pub mod connect;
 pub mod http_connect;
 pub mod rules;

@@ -3,21 +3,29 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use longhaul_carrier::{bind_listener, Carrier};
+use longhaul_carrier::{bind_listener, Carrier, Identity, ListenUrl, Transport};
 use longhaul_proto::Reason;
 use longhaul_session::{Acceptor, BoxFuture, OpenRefused, Session, SessionConfig, SessionHandle};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
+use crate::auth::{read_preamble, Authenticated, ServerAuth};
 use crate::connect::{allowed_addrs, connect_any, target};
 use crate::rules::{BindRules, Rules};
 use crate::spec::loopback;
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    pub listen: SocketAddr,
+    /// Carrier listeners (at least one, unless serving stdio).
+    pub listen: Vec<ListenUrl>,
+    /// The server's key, for TLS listeners.
+    pub identity: Option<Identity>,
+    pub auth: ServerAuth,
+    /// Global ceiling: what any client may reach.
     pub rules: Rules,
+    /// Global ceiling: what any client may bind.
     pub bind_rules: BindRules,
     pub session: SessionConfig,
     /// Carriers served at once; more are closed at accept. Default 1024.
@@ -27,9 +35,11 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    pub fn new(listen: SocketAddr) -> ServerConfig {
+    pub fn new(listen: ListenUrl) -> ServerConfig {
         ServerConfig {
-            listen,
+            listen: vec![listen],
+            identity: None,
+            auth: ServerAuth::default(),
             rules: Rules::default(),
             bind_rules: BindRules::default(),
             session: SessionConfig::default(),
@@ -37,26 +47,81 @@ impl ServerConfig {
             congestion: None,
         }
     }
+
+    /// Whether TLS runs over this listener's transport.
+    fn uses_tls(&self, t: &Transport) -> bool {
+        match t {
+            Transport::Tcp => false,
+            Transport::Ws { .. } => !self.auth.insecure,
+            Transport::Tls | Transport::Wss { .. } => true,
+        }
+    }
+
+    /// Refuses settings that would expose an open relay by accident.
+    pub fn check(&self) -> Result<(), String> {
+        for l in &self.listen {
+            if matches!(l.transport, Transport::Tcp) && !self.auth.insecure {
+                return Err(format!(
+                    "{l} is unencrypted and unauthenticated; use tls:// (the default) or pass --insecure"
+                ));
+            }
+            if self.uses_tls(&l.transport) && self.identity.is_none() {
+                return Err(format!(
+                    "{l} needs the server's key: --key FILE (make one with 'longhaul keygen --out FILE')"
+                ));
+            }
+        }
+        if self.auth.is_open() && !self.auth.insecure {
+            return Err("no way to authenticate clients: give --authorized-keys FILE or --token (or LONGHAUL_TOKEN), or --insecure to let anyone in".into());
+        }
+        if self.auth.token.is_some() && self.session.mode == longhaul_session::Mode::Jmux {
+            return Err("--token needs longhaul's own protocol; in --jmux mode authenticate with --authorized-keys".into());
+        }
+        Ok(())
+    }
 }
 
 pub struct Server {
-    listener: TcpListener,
+    listeners: Vec<(TcpListener, ListenUrl)>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     config: ServerConfig,
 }
 
 struct ServerAcceptor {
     rules: Rules,
     bind_rules: BindRules,
+    /// The authenticated key's own rules, narrower than the global ones.
+    key_rules: Option<Rules>,
+    key_bind_rules: Option<BindRules>,
     peer: String,
+}
+
+impl ServerAcceptor {
+    fn new(config: &ServerConfig, who: &Authenticated, peer: String) -> ServerAcceptor {
+        let (key_rules, key_bind_rules) = match who {
+            Authenticated::Key(_, p) => (p.allow.clone(), p.bind.clone()),
+            _ => (None, None),
+        };
+        ServerAcceptor {
+            rules: config.rules.clone(),
+            bind_rules: config.bind_rules.clone(),
+            key_rules,
+            key_bind_rules,
+            peer,
+        }
+    }
 }
 
 impl Acceptor for ServerAcceptor {
     fn connect(&self, dest: String) -> BoxFuture<Result<TcpStream, OpenRefused>> {
         let rules = self.rules.clone();
+        let key_rules = self.key_rules.clone();
         let peer = self.peer.clone();
         Box::pin(async move {
             let (host, port) = target(&dest)?;
-            let addrs = match allowed_addrs(&rules, &host, port).await {
+            let mut sets = vec![&rules];
+            sets.extend(key_rules.as_ref());
+            let addrs = match allowed_addrs(&sets, &host, port).await {
                 Ok(a) => a,
                 Err(e) => {
                     tracing::warn!(%peer, %dest, "refused: {e}");
@@ -74,6 +139,7 @@ impl Acceptor for ServerAcceptor {
         session: SessionHandle,
     ) -> BoxFuture<Result<u16, OpenRefused>> {
         let bind_rules = self.bind_rules.clone();
+        let key_bind_rules = self.key_bind_rules.clone();
         let peer = self.peer.clone();
         Box::pin(async move {
             let addr: SocketAddr = match bind.parse() {
@@ -93,7 +159,10 @@ impl Acceptor for ServerAcceptor {
                     SocketAddr::new(loopback(), port)
                 }
             };
-            if !bind_rules.allows(addr.ip(), addr.port()) {
+            let key_ok = key_bind_rules
+                .as_ref()
+                .is_none_or(|r| r.allows(addr.ip(), addr.port()));
+            if !key_ok || !bind_rules.allows(addr.ip(), addr.port()) {
                 tracing::warn!(%peer, %bind, "refused reverse bind: not allowed (see --allow-bind)");
                 return Err(OpenRefused::new(
                     Reason::NOT_ALLOWED,
@@ -138,61 +207,162 @@ async fn reverse_accept_loop(listener: TcpListener, dest: String, session: Sessi
 
 impl Server {
     pub async fn bind(config: ServerConfig) -> std::io::Result<Server> {
+        let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
+        config.check().map_err(invalid)?;
         if let Some(cc) = &config.congestion {
             longhaul_carrier::check_congestion(cc)?;
         }
-        let listener = bind_listener(config.listen)?;
-        Ok(Server { listener, config })
+        let tls = match &config.identity {
+            Some(id) => Some(
+                longhaul_carrier::tls::server_config(id)
+                    .map_err(|e| invalid(format!("TLS setup failed: {e}")))?,
+            ),
+            None => None,
+        };
+        let mut listeners = vec![];
+        for l in &config.listen {
+            let lst = bind_listener(l.addr)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {l}: {e}")))?;
+            listeners.push((lst, l.clone()));
+        }
+        Ok(Server {
+            listeners,
+            tls,
+            config,
+        })
     }
 
+    /// The first listener's address.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+        match self.listeners.first() {
+            Some((l, _)) => l.local_addr(),
+            None => Err(std::io::ErrorKind::NotFound.into()),
+        }
+    }
+
+    /// Every listener with its bound address (port 0 resolved).
+    pub fn listening(&self) -> Vec<ListenUrl> {
+        self.listeners
+            .iter()
+            .map(|(l, u)| ListenUrl {
+                transport: u.transport.clone(),
+                addr: l.local_addr().unwrap_or(u.addr),
+            })
+            .collect()
     }
 
     /// Serves carriers until the task is dropped.
     pub async fn run(self) {
         let slots = Arc::new(Semaphore::new(self.config.max_sessions));
         let config = Arc::new(self.config);
-        loop {
-            let (sock, from) = match self.listener.accept().await {
-                Ok(a) => a,
-                Err(e) => {
-                    // EMFILE and friends: back off briefly rather than spin.
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                tracing::warn!(%from, limit = config.max_sessions, "refusing carrier: session limit reached");
-                continue;
-            };
-            let config = config.clone();
-            tokio::spawn(async move {
-                let _permit = permit;
-                if let Some(cc) = &config.congestion {
-                    if let Err(e) = longhaul_carrier::set_congestion(&sock, cc) {
-                        return tracing::warn!(%from, "{e}");
-                    }
-                }
-                let carrier = match Carrier::from_tcp(sock) {
-                    Ok(c) => c,
-                    Err(e) => return tracing::info!(%from, "carrier setup failed: {e}"),
-                };
-                let acceptor = Arc::new(ServerAcceptor {
-                    rules: config.rules.clone(),
-                    bind_rules: config.bind_rules.clone(),
-                    peer: from.to_string(),
-                });
-                match Session::start(carrier, config.session.clone(), acceptor).await {
-                    Ok(h) => {
-                        tracing::info!(%from, "session started");
-                        let why = h.closed().await;
-                        tracing::info!(%from, "session ended: {why}");
-                    }
-                    Err(e) => tracing::warn!(%from, "session refused: {e}"),
-                }
-            });
+        let mut tasks = tokio::task::JoinSet::new();
+        for (listener, url) in self.listeners {
+            let use_tls = config.uses_tls(&url.transport);
+            let tls = if use_tls { self.tls.clone() } else { None };
+            tasks.spawn(accept_loop(listener, url, tls, config.clone(), slots.clone()));
         }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    /// Serves one session on this process's stdin/stdout (`--stdio`). The
+    /// pipe's owner (an ssh login, a parent process) has authenticated the
+    /// peer, so keys and tokens are not asked for.
+    pub async fn serve_stdio(config: ServerConfig) -> Result<String, String> {
+        let carrier = longhaul_carrier::stdio();
+        serve_carrier(carrier, None, "stdio".into(), Arc::new(config), true).await
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    url: ListenUrl,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    config: Arc<ServerConfig>,
+    slots: Arc<Semaphore>,
+) {
+    loop {
+        let (sock, from) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE and friends: back off briefly rather than spin.
+                tracing::warn!("accept failed on {url}: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(%from, limit = config.max_sessions, "refusing carrier: session limit reached (--max-sessions)");
+            continue;
+        };
+        let config = config.clone();
+        let tls = tls.clone();
+        let transport = url.transport.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Some(cc) = &config.congestion {
+                if let Err(e) = longhaul_carrier::set_congestion(&sock, cc) {
+                    return tracing::warn!(%from, "{e}");
+                }
+            }
+            // TLS, WebSocket upgrade and the preamble share one deadline.
+            let limit = config.session.handshake_timeout;
+            let setup = tokio::time::timeout(limit, longhaul_carrier::accept(sock, &transport, tls));
+            let (carrier, key) = match setup.await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => return tracing::warn!(%from, "refused carrier: handshake failed: {e}"),
+                Err(_) => {
+                    return tracing::warn!(%from, "refused carrier: handshake not finished within {limit:?}")
+                }
+            };
+            match serve_carrier(carrier, key, from.to_string(), config, false).await {
+                Ok(why) => tracing::info!(%from, "session ended: {why}"),
+                Err(e) => tracing::warn!(%from, "{e}"),
+            }
+        });
+    }
+}
+
+/// Authenticates a carrier and runs its session to the end.
+async fn serve_carrier(
+    mut carrier: Carrier,
+    key: Option<longhaul_carrier::Fingerprint>,
+    from: String,
+    config: Arc<ServerConfig>,
+    trusted: bool,
+) -> Result<String, String> {
+    let who = if config.session.mode == longhaul_session::Mode::Native {
+        let limit = config.session.handshake_timeout;
+        let token = match tokio::time::timeout(limit, read_preamble(&mut carrier.reader)).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => return Err(format!("refused carrier: {e}")),
+            Err(_) => {
+                return Err(format!(
+                    "refused carrier: no authentication within {limit:?}"
+                ))
+            }
+        };
+        if trusted {
+            Authenticated::Anonymous
+        } else {
+            config
+                .auth
+                .decide(key, Some(&token))
+                .map_err(|e| format!("refused carrier: not authenticated: {e}"))?
+        }
+    } else if trusted {
+        Authenticated::Anonymous
+    } else {
+        config
+            .auth
+            .decide(key, None)
+            .map_err(|e| format!("refused carrier: not authenticated: {e}"))?
+    };
+    let acceptor = Arc::new(ServerAcceptor::new(&config, &who, from.clone()));
+    match Session::start(carrier, config.session.clone(), acceptor).await {
+        Ok(h) => {
+            tracing::info!(%from, who = %who.who(), "session started");
+            Ok(h.closed().await)
+        }
+        Err(e) => Err(format!("session refused: {e}")),
     }
 }

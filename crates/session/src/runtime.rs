@@ -77,6 +77,10 @@ pub struct SessionConfig {
     pub handshake_timeout: Duration,
     /// Time allowed for an OPEN to be answered. Default 30 s.
     pub open_timeout: Duration,
+    /// Close the session after this long with no stream open and no data
+    /// moving. Default: never (a client has no reconnect yet, so an idle
+    /// `-L` would otherwise be cut).
+    pub idle_timeout: Option<Duration>,
     /// Lower bound on the RTT used to decide window growth, so that windows
     /// still grow on sub-millisecond paths where the pipeline, not the wire,
     /// holds the bytes in flight. Default 1 ms.
@@ -97,6 +101,7 @@ impl Default for SessionConfig {
             dead_after: Duration::from_secs(45),
             handshake_timeout: Duration::from_secs(10),
             open_timeout: Duration::from_secs(30),
+            idle_timeout: None,
             rtt_floor: Duration::from_millis(1),
         }
     }
@@ -1266,7 +1271,24 @@ async fn write_batch(
 async fn housekeeping(shared: Arc<Shared>, probe: Option<Box<dyn PathProbe>>) {
     let tick = Duration::from_millis(500);
     let mut last_ping: Option<Instant> = None;
+    let mut busy_at = Instant::now();
+    let mut last_bytes = 0u64;
     loop {
+        if let Some(limit) = shared.config.idle_timeout {
+            let st = shared.lock();
+            let bytes = st.bytes_sent + st.bytes_received;
+            let busy = !st.streams.is_empty() || bytes != last_bytes;
+            drop(st);
+            last_bytes = bytes;
+            if busy {
+                busy_at = Instant::now();
+            } else if busy_at.elapsed() >= limit {
+                let why = format!("idle for {limit:?} (no streams; --idle-timeout)");
+                tracing::info!(peer = %shared.peer, "closing session: {why}");
+                shared.close(why);
+                return;
+            }
+        }
         if let Some(p) = &probe {
             if let Some(r) = p.rtt() {
                 shared

@@ -1,0 +1,180 @@
+//! Building carriers from URLs: transport, then (where it applies) TLS.
+
+use std::io;
+use std::pin::Pin;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::process::{Child, ChildStdout, Command};
+
+use crate::keys::Fingerprint;
+use crate::url::{CarrierUrl, Transport};
+use crate::{set_congestion, tls, ws, Carrier};
+
+/// How to dial: TLS settings (None: no TLS layer, `--insecure`) and the
+/// carrier's congestion control.
+#[derive(Clone, Default)]
+pub struct DialOptions {
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub congestion: Option<String>,
+}
+
+fn need_tls(url: &CarrierUrl) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{url} needs TLS settings"),
+    )
+}
+
+/// Connects a carrier. For `cmd://` the command runs until the carrier's
+/// read half is dropped.
+pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
+    let (transport, addr) = match url {
+        CarrierUrl::Cmd { command } => return spawn_command(command),
+        CarrierUrl::Net { transport, addr } => (transport, addr),
+    };
+    let tcp = TcpStream::connect(addr.as_str()).await?;
+    if let Some(cc) = &opts.congestion {
+        set_congestion(&tcp, cc)?;
+    }
+    let peer = url.to_string();
+    match transport {
+        Transport::Tcp => Carrier::from_tcp(tcp),
+        Transport::Tls => {
+            let cfg = opts.tls.clone().ok_or_else(|| need_tls(url))?;
+            let probe = crate::tcp_probe(&tcp)?;
+            let s = tls::connect(tcp, cfg).await?;
+            Ok(Carrier::from_io(s, Some(probe), peer))
+        }
+        Transport::Ws { path } => {
+            let probe = crate::tcp_probe(&tcp)?;
+            let w = ws::connect(tcp, &format!("ws://{addr}{path}")).await?;
+            match opts.tls.clone() {
+                Some(cfg) => {
+                    let s = tls::connect(w, cfg).await?;
+                    Ok(Carrier::from_io(s, Some(probe), peer))
+                }
+                None => Ok(Carrier::from_io(w, Some(probe), peer)),
+            }
+        }
+        Transport::Wss { path } => {
+            let cfg = opts.tls.clone().ok_or_else(|| need_tls(url))?;
+            let probe = crate::tcp_probe(&tcp)?;
+            let s = tls::connect(tcp, cfg).await?;
+            let w = ws::connect(s, &format!("wss://{addr}{path}")).await?;
+            Ok(Carrier::from_io(w, Some(probe), peer))
+        }
+    }
+}
+
+/// Server side: runs the transport's handshakes on an accepted socket and
+/// returns the carrier and the client's key, if it showed one. `tls: None`
+/// means plain (`--insecure`); `tls://` and `wss://` always need it.
+pub async fn accept(
+    tcp: TcpStream,
+    transport: &Transport,
+    tls_cfg: Option<Arc<rustls::ServerConfig>>,
+) -> io::Result<(Carrier, Option<Fingerprint>)> {
+    let peer = tcp.peer_addr()?.to_string();
+    let no_tls = || {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "this listener needs a TLS key (--key)",
+        )
+    };
+    match transport {
+        Transport::Tcp => Ok((Carrier::from_tcp(tcp)?, None)),
+        Transport::Tls => {
+            let cfg = tls_cfg.ok_or_else(no_tls)?;
+            crate::tune_socket(&tcp)?;
+            let probe = crate::tcp_probe(&tcp)?;
+            let (s, fp) = tls::accept(tcp, cfg).await?;
+            Ok((Carrier::from_io(s, Some(probe), peer), fp))
+        }
+        Transport::Ws { path } => {
+            crate::tune_socket(&tcp)?;
+            let probe = crate::tcp_probe(&tcp)?;
+            let w = ws::accept(tcp, path).await?;
+            match tls_cfg {
+                Some(cfg) => {
+                    let (s, fp) = tls::accept(w, cfg).await?;
+                    Ok((Carrier::from_io(s, Some(probe), peer), fp))
+                }
+                None => Ok((Carrier::from_io(w, Some(probe), peer), None)),
+            }
+        }
+        Transport::Wss { path } => {
+            let cfg = tls_cfg.ok_or_else(no_tls)?;
+            crate::tune_socket(&tcp)?;
+            let probe = crate::tcp_probe(&tcp)?;
+            let (s, fp) = tls::accept(tcp, cfg).await?;
+            let w = ws::accept(s, path).await?;
+            Ok((Carrier::from_io(w, Some(probe), peer), fp))
+        }
+    }
+}
+
+/// The read half of a `cmd://` carrier owns the child, so the command is
+/// killed when the session lets go of the carrier.
+struct ChildReader {
+    out: ChildStdout,
+    _child: Child,
+}
+
+impl AsyncRead for ChildReader {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.out).poll_read(cx, buf)
+    }
+}
+
+fn spawn_command(command: &str) -> io::Result<Carrier> {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot run '{command}': {e}")))?;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err(io::Error::other("command has no stdin/stdout pipes"));
+    };
+    Ok(Carrier {
+        reader: Box::new(ChildReader {
+            out: stdout,
+            _child: child,
+        }),
+        writer: Box::new(stdin),
+        probe: None,
+        urgent: None,
+        peer: format!("cmd://{command}"),
+    })
+}
+
+/// This process's stdin/stdout as a carrier (`longhaul server --stdio`).
+pub fn stdio() -> Carrier {
+    Carrier {
+        reader: Box::new(tokio::io::stdin()),
+        writer: Box::new(tokio::io::stdout()),
+        probe: None,
+        urgent: None,
+        peer: "stdio".into(),
+    }
+}
+
+/// Any single read+write object (a TLS or WebSocket stream) as a carrier.
+pub(crate) fn split_io<S>(io: S) -> (crate::BoxRead, crate::BoxWrite)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (r, w) = tokio::io::split(io);
+    (Box::new(r), Box::new(w))
+}

@@ -1,0 +1,217 @@
+//! TLS 1.3 with pinned keys (rustls, ring).
+//!
+//! The client checks that the server signed the handshake with the key it
+//! expects (a `--pin`, or the one remembered in known-hosts); the server
+//! accepts any client key that proves possession and decides afterwards,
+//! from its fingerprint, what that key may do. No CA, no names, no dates.
+
+use std::sync::{Arc, Mutex};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{verify_tls13_signature, CryptoProvider};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::keys::{Fingerprint, Identity};
+
+pub use tokio_rustls::client::TlsStream as ClientTls;
+pub use tokio_rustls::server::TlsStream as ServerTls;
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+static TLS13_ONLY: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+
+fn tls13_only() -> &'static [&'static rustls::SupportedProtocolVersion] {
+    TLS13_ONLY
+}
+
+/// Verifies the server's key against a pin, and remembers the key it saw
+/// (for trust on first use).
+#[derive(Debug)]
+pub struct PinVerifier {
+    expected: Option<Fingerprint>,
+    seen: Mutex<Option<Fingerprint>>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl PinVerifier {
+    /// `expected: None` accepts any key (the caller checks [`Self::seen`]
+    /// against known-hosts before sending anything).
+    pub fn new(expected: Option<Fingerprint>) -> Arc<PinVerifier> {
+        Arc::new(PinVerifier {
+            expected,
+            seen: Mutex::new(None),
+            provider: provider(),
+        })
+    }
+
+    /// The server key presented in the last handshake.
+    pub fn seen(&self) -> Option<Fingerprint> {
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl ServerCertVerifier for PinVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let fp = Fingerprint::of_cert(end_entity)?;
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(fp);
+        match self.expected {
+            Some(want) if want != fp => Err(rustls::Error::General(format!(
+                "server key {fp} does not match the pinned key {want}"
+            ))),
+            _ => Ok(ServerCertVerified::assertion()),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        // Only TLS 1.3 is offered, so this is never reached legitimately.
+        Err(rustls::Error::General("TLS 1.2 is not supported".into()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// Accepts any client key that signs the handshake; authorization by
+/// fingerprint happens after the handshake. Client keys are optional (a
+/// token may authenticate instead).
+#[derive(Debug)]
+struct AnyClientKey {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ClientCertVerifier for AnyClientKey {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        // Reject what does not even parse, so the fingerprint exists later.
+        Fingerprint::of_cert(end_entity)?;
+        Ok(ClientCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("TLS 1.2 is not supported".into()))
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// Server side: our identity, any client key.
+pub fn server_config(id: &Identity) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+    let p = provider();
+    let cfg = rustls::ServerConfig::builder_with_provider(p.clone())
+        .with_protocol_versions(tls13_only())?
+        .with_client_cert_verifier(Arc::new(AnyClientKey { provider: p }))
+        .with_single_cert(vec![id.cert.clone()], id.private_key())?;
+    Ok(Arc::new(cfg))
+}
+
+/// Client side: the server must match `verifier`; we present `id` if given.
+pub fn client_config(
+    id: Option<&Identity>,
+    verifier: Arc<PinVerifier>,
+) -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
+    let b = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(tls13_only())?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let cfg = match id {
+        Some(id) => b.with_client_auth_cert(vec![id.cert.clone()], id.private_key())?,
+        None => b.with_no_client_auth(),
+    };
+    Ok(Arc::new(cfg))
+}
+
+/// Runs the client handshake over any byte stream.
+pub async fn connect<S>(io: S, cfg: Arc<rustls::ClientConfig>) -> std::io::Result<ClientTls<S>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    // Names are not checked (keys are pinned); any valid name will do.
+    let name = ServerName::try_from("longhaul").expect("static name is valid");
+    tokio_rustls::TlsConnector::from(cfg).connect(name, io).await
+}
+
+/// Runs the server handshake; returns the stream and the client's key, if
+/// it presented one.
+pub async fn accept<S>(
+    io: S,
+    cfg: Arc<rustls::ServerConfig>,
+) -> std::io::Result<(ServerTls<S>, Option<Fingerprint>)>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let tls = tokio_rustls::TlsAcceptor::from(cfg).accept(io).await?;
+    let fp = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(|c| Fingerprint::of_cert(c).ok());
+    Ok((tls, fp))
+}
