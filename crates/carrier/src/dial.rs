@@ -40,6 +40,9 @@ pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
     if let Some(cc) = &opts.congestion {
         set_congestion(&tcp, cc)?;
     }
+    // No Nagle under TLS and WebSocket too: small records must not wait
+    // for an ACK (40 ms with delayed ACKs).
+    crate::tune_socket(&tcp)?;
     let peer = url.to_string();
     match transport {
         Transport::Tcp => Carrier::from_tcp(tcp),

@@ -40,7 +40,9 @@ impl Fingerprint {
     /// The fingerprint of the key inside a certificate, if it parses.
     pub fn of_cert(cert: &CertificateDer<'_>) -> Result<Fingerprint, rustls::Error> {
         let parsed = rustls::server::ParsedCertificate::try_from(cert)?;
-        Ok(Fingerprint::of_spki(parsed.subject_public_key_info().as_ref()))
+        Ok(Fingerprint::of_spki(
+            parsed.subject_public_key_info().as_ref(),
+        ))
     }
 }
 
@@ -118,8 +120,8 @@ impl Identity {
     }
 
     fn from_key_pair(kp: &rcgen::KeyPair) -> Result<Identity, String> {
-        let params =
-            rcgen::CertificateParams::new(vec!["longhaul".to_string()]).map_err(|e| e.to_string())?;
+        let params = rcgen::CertificateParams::new(vec!["longhaul".to_string()])
+            .map_err(|e| e.to_string())?;
         let cert = params.self_signed(kp).map_err(|e| e.to_string())?;
         let cert = cert.der().clone();
         let fingerprint = Fingerprint::of_cert(&cert).map_err(|e| e.to_string())?;
@@ -197,7 +199,10 @@ impl Identity {
 /// not on where they differ.
 pub fn secrets_equal(a: &[u8], b: &[u8]) -> bool {
     let (ha, hb) = (Sha256::digest(a), Sha256::digest(b));
-    ha.iter().zip(hb.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    ha.iter()
+        .zip(hb.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 #[cfg(test)]
@@ -208,7 +213,10 @@ mod tests {
     fn fingerprint_round_trips_and_is_stable_across_loads() {
         let id = Identity::generate().unwrap();
         let text = id.fingerprint.to_string();
-        assert!(text.starts_with("SHA256:") && text.len() == 7 + 43, "{text}");
+        assert!(
+            text.starts_with("SHA256:") && text.len() == 7 + 43,
+            "{text}"
+        );
         assert_eq!(text.parse::<Fingerprint>().unwrap(), id.fingerprint);
         // The certificate is made afresh on each load; the name must not change.
         let again = Identity::from_pem(&id.pem()).unwrap();

@@ -194,7 +194,9 @@ where
 {
     // Names are not checked (keys are pinned); any valid name will do.
     let name = ServerName::try_from("longhaul").expect("static name is valid");
-    tokio_rustls::TlsConnector::from(cfg).connect(name, io).await
+    tokio_rustls::TlsConnector::from(cfg)
+        .connect(name, io)
+        .await
 }
 
 /// Runs the server handshake; returns the stream and the client's key, if

@@ -191,7 +191,14 @@ mod tests {
 
     #[test]
     fn rejects_with_a_hint() {
-        for bad in ["http://h:1", "h", "tls://h:port", "cmd://", "tcp://h:1/x", ""] {
+        for bad in [
+            "http://h:1",
+            "h",
+            "tls://h:port",
+            "cmd://",
+            "tcp://h:1/x",
+            "",
+        ] {
             let e = bad.parse::<CarrierUrl>().unwrap_err();
             assert!(e.contains("://") || e.contains("path"), "{bad}: {e}");
         }

@@ -205,7 +205,9 @@ impl SessionArgs {
             },
             budget: self.session_budget,
             max_streams: self.max_streams.max(1),
-            handshake_timeout: self.handshake_timeout.max(std::time::Duration::from_millis(100)),
+            handshake_timeout: self
+                .handshake_timeout
+                .max(std::time::Duration::from_millis(100)),
             idle_timeout: (!self.idle_timeout.is_zero()).then_some(self.idle_timeout),
             ..SessionConfig::default()
         }
@@ -369,6 +371,9 @@ pub struct MatrixArgs {
     /// TCP congestion control for longhaul's carrier (both ends).
     #[arg(long, value_name = "ALGO")]
     pub congestion: Option<String>,
+    /// longhaul's carrier: tcp (plain, the multiplexer alone) or tls (pinned keys, as users run it).
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "tls"])]
+    pub carrier: String,
 }
 
 #[derive(Args, Debug)]

@@ -1,6 +1,7 @@
 //! `longhaul`: the thin command-line front end.
 
 mod args;
+mod carriers;
 mod demo;
 mod matrix;
 
@@ -82,7 +83,11 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 .ok_or_else(|| anyhow::anyhow!("no HOME to put the key in; give --out FILE"))?;
             let id = longhaul_carrier::Identity::generate()?;
             id.save(&path)?;
-            eprintln!("key written to {} (fingerprint also in {}.pub)", path.display(), path.display());
+            eprintln!(
+                "key written to {} (fingerprint also in {}.pub)",
+                path.display(),
+                path.display()
+            );
             println!("{}", id.fingerprint);
             Ok(())
         }
@@ -160,7 +165,9 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
         tracing::warn!("no --allow rule given: every stream will be refused (add --allow HOST:PORT, or --allow-all)");
     }
     if a.stdio {
-        let why = Server::serve_stdio(cfg).await.map_err(|e| anyhow::anyhow!(e))?;
+        let why = Server::serve_stdio(cfg)
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?;
         tracing::info!("stdio session ended: {why}");
         return Ok(());
     }
@@ -173,15 +180,31 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
         cfg.auth.authorized_keys = Some(keys);
     }
     cfg.auth.token = a.token.clone().filter(|t| !t.is_empty());
-    if cfg.auth.token.as_ref().is_some_and(|t| t.len() > longhaul_forward::auth::MAX_TOKEN) {
-        anyhow::bail!("--token is longer than {} bytes", longhaul_forward::auth::MAX_TOKEN);
+    if cfg
+        .auth
+        .token
+        .as_ref()
+        .is_some_and(|t| t.len() > longhaul_forward::auth::MAX_TOKEN)
+    {
+        anyhow::bail!(
+            "--token is longer than {} bytes",
+            longhaul_forward::auth::MAX_TOKEN
+        );
     }
     cfg.auth.insecure = a.insecure;
-    if a.insecure {
-        tracing::warn!("--insecure: unencrypted listeners allowed{}", if cfg.auth.is_open() { ", and anyone who can connect may use this server" } else { "" });
-    }
+    let open = cfg.auth.is_open();
     let key_fp = cfg.identity.as_ref().map(|i| i.fingerprint);
     let server = Server::bind(cfg).await.context("server not started")?;
+    if a.insecure {
+        tracing::warn!(
+            "--insecure: unencrypted listeners allowed{}",
+            if open {
+                ", and anyone who can connect may use this server"
+            } else {
+                ""
+            }
+        );
+    }
     if let Some(fp) = key_fp {
         tracing::info!("server key {fp} (clients: --pin {fp})");
     }
@@ -203,7 +226,8 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     cfg.http = a.http_proxy.clone();
     cfg.session = a.session.config(a.jmux);
     cfg.congestion = a.session.congestion.clone();
-    if cfg.local.is_empty() && cfg.remote.is_empty() && cfg.socks.is_empty() && cfg.http.is_empty() {
+    if cfg.local.is_empty() && cfg.remote.is_empty() && cfg.socks.is_empty() && cfg.http.is_empty()
+    {
         anyhow::bail!("nothing to forward: give at least one of -L, -R, -D or --http-proxy");
     }
     let key = match &a.key {

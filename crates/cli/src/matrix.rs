@@ -19,6 +19,7 @@ use longhaul_netem as ne;
 use tokio::process::{Child, Command};
 
 use crate::args::MatrixArgs;
+use crate::carriers::{self, CarrierKind};
 
 const BENCH_PORT: u16 = 5201;
 const CARRIER_PORT: u16 = 7000;
@@ -121,6 +122,8 @@ async fn run_inner(a: &MatrixArgs) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("cannot create {}", a.out.display()))?;
+    let carrier = CarrierKind::parse(&a.carrier).map_err(|e| anyhow::anyhow!(e))?;
+    let keys = carriers::Keys::new("matrix")?;
     let cc_args: Vec<String> = a
         .congestion
         .as_ref()
@@ -170,26 +173,28 @@ async fn run_inner(a: &MatrixArgs) -> anyhow::Result<()> {
         ]);
         bench_args.extend(buffer_args.iter().cloned());
         let _bench = spawn_in(&a.name, 'b', &bench_args)?;
-        let mut server_args = strs(&[
-            "-q",
-            "server",
-            "--listen",
+        let mut server_args = strs(&["-q", "server"]);
+        server_args.extend(carriers::server_args(
+            carrier,
             &format!("{}:{CARRIER_PORT}", ne::ADDR_B),
-            "--allow",
-            &format!("127.0.0.1:{BENCH_PORT}"),
-        ]);
+            &keys,
+        ));
+        server_args.extend(strs(&["--allow", &format!("127.0.0.1:{BENCH_PORT}")]));
         server_args.extend(cc_args.iter().cloned());
         let _server = spawn_in(&a.name, 'b', &server_args)?;
         let direct = format!("{}:{BENCH_PORT}", ne::ADDR_B);
         let tunnel = format!("127.0.0.1:{FORWARD_PORT}");
         wait_ready(&a.name, &direct).await?;
-        let mut client_args = strs(&[
-            "-q",
-            "client",
+        let mut client_args = strs(&["-q", "client"]);
+        client_args.extend(carriers::client_args(
+            carrier,
             &format!("{}:{CARRIER_PORT}", ne::ADDR_B),
+            &keys,
+        ));
+        client_args.extend(strs(&[
             "-L",
             &format!("127.0.0.1:{FORWARD_PORT}:127.0.0.1:{BENCH_PORT}"),
-        ]);
+        ]));
         client_args.extend(cc_args.iter().cloned());
         let _client = spawn_in(&a.name, 'a', &client_args)?;
         wait_ready(&a.name, &tunnel).await?;

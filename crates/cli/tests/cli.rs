@@ -29,7 +29,15 @@ fn wrong_arguments_get_one_line_that_says_what_to_do() {
             &["client", "127.0.0.1:1", "-D", "a:b:c"],
             "expected [BIND:]PORT",
         ),
-        (&["server", "--listen", "nowhere"], "not an IP:PORT address"),
+        (&["server", "--listen", "nowhere"], "needs HOST:PORT"),
+        (
+            &["client", "http://x:1", "-L", "1:a:1"],
+            "unknown carrier scheme",
+        ),
+        (
+            &["client", "x:1", "--pin", "SHA256:short", "-L", "1:a:1"],
+            "not a key fingerprint",
+        ),
         (
             &["server", "--listen", "127.0.0.1:0", "--allow", "x y:1"],
             "expected HOST:PORT",
@@ -100,6 +108,26 @@ fn wait_port(port: u16) {
     }
 }
 
+fn tmpdir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("lh-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `longhaul keygen --out DIR/NAME`; returns the path and the printed fingerprint.
+fn keygen(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, String) {
+    let path = dir.join(name);
+    let out = Command::new(BIN)
+        .args(["keygen", "--out", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let fp = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(fp.starts_with("SHA256:"), "{fp}");
+    (path, fp)
+}
+
 fn spawn(args: &[&str]) -> Kill {
     Kill(
         Command::new(BIN)
@@ -131,19 +159,35 @@ fn server_and_client_processes_forward_intact_and_exit_on_refused_bind() {
         s.write_all(&reply).unwrap();
         return Sha256::digest(&got);
     });
+    // Keys made by the CLI itself; the client is authorized by its key and
+    // pins the server's.
+    let dir = tmpdir("procs");
+    let (skey, sfp) = keygen(&dir, "server.key");
+    let (ckey, cfp) = keygen(&dir, "client.key");
+    let ak = dir.join("authorized_keys");
+    std::fs::write(&ak, format!("{cfp} # test client\n")).unwrap();
     let sport = free_port();
     let lport = free_port();
     let _server = spawn(&[
         "server",
         "--listen",
-        &format!("127.0.0.1:{sport}"),
+        &format!("tls://127.0.0.1:{sport}"),
+        "--key",
+        skey.to_str().unwrap(),
+        "--authorized-keys",
+        ak.to_str().unwrap(),
         "--allow",
         &format!("127.0.0.1:{tport}"),
     ]);
     wait_port(sport);
+    let url = format!("tls://127.0.0.1:{sport}");
     let _client = spawn(&[
         "client",
-        &format!("127.0.0.1:{sport}"),
+        &url,
+        "--key",
+        ckey.to_str().unwrap(),
+        "--pin",
+        &sfp,
         "-L",
         &format!("{lport}:127.0.0.1:{tport}"),
     ]);
@@ -161,7 +205,11 @@ fn server_and_client_processes_forward_intact_and_exit_on_refused_bind() {
     // -R to a port the server does not allow: the client exits non-zero, one line.
     let mut c = spawn(&[
         "client",
-        &format!("127.0.0.1:{sport}"),
+        &url,
+        "--key",
+        ckey.to_str().unwrap(),
+        "--pin",
+        &sfp,
         "-R",
         &format!("{}:127.0.0.1:{tport}", free_port()),
     ]);
@@ -243,7 +291,8 @@ fn unknown_congestion_control_is_refused_at_start() {
     let (code, err) = run_err(&[
         "server",
         "--listen",
-        "127.0.0.1:0",
+        "tcp://127.0.0.1:0",
+        "--insecure",
         "--allow-all",
         "--congestion",
         "nosuchcc",

@@ -172,7 +172,8 @@ fn thirty_two_mib_through_a_lossy_wan_arrive_intact() {
         &[
             "server",
             "--listen",
-            "198.18.0.2:7000",
+            "tcp://198.18.0.2:7000",
+            "--insecure",
             "--allow",
             "127.0.0.1:9000",
         ],
@@ -180,7 +181,13 @@ fn thirty_two_mib_through_a_lossy_wan_arrive_intact() {
     std::thread::sleep(Duration::from_millis(500));
     let _client = ip(
         "a",
-        &["client", "198.18.0.2:7000", "-L", "9001:127.0.0.1:9000"],
+        &[
+            "client",
+            "tcp://198.18.0.2:7000",
+            "--insecure",
+            "-L",
+            "9001:127.0.0.1:9000",
+        ],
     );
     let mut data = vec![0u8; 32 << 20];
     rand::thread_rng().fill_bytes(&mut data);

@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use anyhow::{anyhow, bail, Context};
 use longhaul_carrier::tls::PinVerifier;
 use longhaul_carrier::{bind_listener, CarrierUrl, DialOptions, Fingerprint, Identity, Transport};
-use tokio::io::AsyncWriteExt;
 use longhaul_proto::frame::{format_dest, parse_dest};
 use longhaul_proto::Reason;
 use longhaul_session::{Acceptor, BoxFuture, OpenRefused, Session, SessionConfig, SessionHandle};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::connect::connect_host;
@@ -102,7 +102,9 @@ async fn connect(config: &ClientConfig) -> anyhow::Result<longhaul_carrier::Carr
         );
         verifier = Some((v, expected));
     } else if !matches!(url, CarrierUrl::Cmd { .. }) {
-        tracing::warn!("{url}: carrier is NOT encrypted (--insecure)");
+        // Once per process: the demo and tests make many sessions.
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| tracing::warn!("{url}: carrier is NOT encrypted (--insecure)"));
     }
     let carrier = match longhaul_carrier::dial(url, &opts).await {
         Ok(c) => c,

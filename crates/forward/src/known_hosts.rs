@@ -89,8 +89,14 @@ mod tests {
         assert_eq!(kh.lookup("a:1").unwrap(), Known::Unknown);
         kh.remember("a:1", Fingerprint([1; 32])).unwrap();
         kh.remember("b:2", Fingerprint([2; 32])).unwrap();
-        assert_eq!(kh.lookup("b:2").unwrap(), Known::Key(Fingerprint([2; 32]), 2));
-        assert_eq!(kh.lookup("a:1").unwrap(), Known::Key(Fingerprint([1; 32]), 1));
+        assert_eq!(
+            kh.lookup("b:2").unwrap(),
+            Known::Key(Fingerprint([2; 32]), 2)
+        );
+        assert_eq!(
+            kh.lookup("a:1").unwrap(),
+            Known::Key(Fingerprint([1; 32]), 1)
+        );
         std::fs::write(&path, "a:1 SHA256:broken\n").unwrap();
         assert!(kh.lookup("a:1").unwrap_err().contains(":1:"));
         let _ = std::fs::remove_file(&path);

@@ -10,9 +10,9 @@
 
 pub mod auth;
 pub mod client;
-pub mod known_hosts;
 pub mod connect;
 pub mod http_connect;
+pub mod known_hosts;
 pub mod rules;
 pub mod server;
 pub mod socks5;

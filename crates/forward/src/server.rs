@@ -259,7 +259,13 @@ impl Server {
         for (listener, url) in self.listeners {
             let use_tls = config.uses_tls(&url.transport);
             let tls = if use_tls { self.tls.clone() } else { None };
-            tasks.spawn(accept_loop(listener, url, tls, config.clone(), slots.clone()));
+            tasks.spawn(accept_loop(
+                listener,
+                url,
+                tls,
+                config.clone(),
+                slots.clone(),
+            ));
         }
         while tasks.join_next().await.is_some() {}
     }
@@ -306,10 +312,13 @@ async fn accept_loop(
             }
             // TLS, WebSocket upgrade and the preamble share one deadline.
             let limit = config.session.handshake_timeout;
-            let setup = tokio::time::timeout(limit, longhaul_carrier::accept(sock, &transport, tls));
+            let setup =
+                tokio::time::timeout(limit, longhaul_carrier::accept(sock, &transport, tls));
             let (carrier, key) = match setup.await {
                 Ok(Ok(c)) => c,
-                Ok(Err(e)) => return tracing::warn!(%from, "refused carrier: handshake failed: {e}"),
+                Ok(Err(e)) => {
+                    return tracing::warn!(%from, "refused carrier: handshake failed: {e}")
+                }
                 Err(_) => {
                     return tracing::warn!(%from, "refused carrier: handshake not finished within {limit:?}")
                 }

@@ -61,6 +61,9 @@ async fn wait_log(s: &str) {
 /// Connects and completes the native hello, like a real client would.
 async fn hostile(server: SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect(server).await.unwrap();
+    s.write_all(&longhaul_forward::auth::preamble(None).unwrap())
+        .await
+        .unwrap();
     s.write_all(&Hello::ours(u16::MAX).encode()).await.unwrap();
     let mut h = [0u8; HELLO_LEN];
     s.read_exact(&mut h).await.unwrap();

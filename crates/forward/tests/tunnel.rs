@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use longhaul_forward::rules::{BindRules, Rules};
 use longhaul_forward::spec::ForwardSpec;
-use longhaul_forward::{Client, ClientConfig};
+use longhaul_forward::Client;
 use longhaul_session::{Mode, SessionConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -88,7 +88,7 @@ async fn closed_port() -> std::net::SocketAddr {
 async fn refused_target_closes_promptly_and_socks_says_refused() {
     let dead = closed_port().await;
     let server = start_server(allow(&[&dead.to_string()]), BindRules::default()).await;
-    let mut cfg = ClientConfig::new(server.to_string());
+    let mut cfg = client_config(server);
     cfg.local = vec![fwd("127.0.0.1", dead.port())];
     cfg.socks = vec!["127.0.0.1:0".parse().unwrap()];
     let client = Client::start(cfg).await.unwrap();
@@ -167,7 +167,7 @@ async fn deny_by_default_contacts_nothing() {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let target = l.local_addr().unwrap();
     let server = start_server(Rules::default(), BindRules::default()).await;
-    let mut cfg = ClientConfig::new(server.to_string());
+    let mut cfg = client_config(server);
     cfg.local = vec![fwd("127.0.0.1", target.port())];
     cfg.http = vec!["127.0.0.1:0".parse().unwrap()];
     let client = Client::start(cfg).await.unwrap();
@@ -200,7 +200,7 @@ async fn reverse_forward_reaches_back_to_the_client_side() {
         BindRules::new(vec![free.to_string().parse().unwrap()], false),
     )
     .await;
-    let mut cfg = ClientConfig::new(server.to_string());
+    let mut cfg = client_config(server);
     cfg.remote = vec![ForwardSpec {
         bind: "127.0.0.1".into(),
         port: free,
@@ -216,7 +216,7 @@ async fn reverse_forward_reaches_back_to_the_client_side() {
     assert_eq!(sha(&got), h);
 
     // A port the server's rules do not allow is refused, and start fails.
-    let mut cfg = ClientConfig::new(server.to_string());
+    let mut cfg = client_config(server);
     cfg.remote = vec![ForwardSpec {
         bind: "127.0.0.1".into(),
         port: free.wrapping_add(1).max(1),
@@ -238,7 +238,7 @@ async fn socks5_domain_and_http_connect_work() {
         BindRules::default(),
     )
     .await;
-    let mut cfg = ClientConfig::new(server.to_string());
+    let mut cfg = client_config(server);
     cfg.socks = vec!["127.0.0.1:0".parse().unwrap()];
     cfg.http = vec!["127.0.0.1:0".parse().unwrap()];
     let client = Client::start(cfg).await.unwrap();
@@ -276,7 +276,7 @@ async fn jmux_mode_carries_data() {
         ..SessionConfig::default()
     };
     let server = longhaul_forward_server_jmux(echo).await;
-    let mut cfg = ClientConfig::new(server.to_string());
+    let mut cfg = client_config(server);
     cfg.local = vec![fwd("127.0.0.1", echo.port())];
     cfg.session = jmux;
     let client = Client::start(cfg).await.unwrap();

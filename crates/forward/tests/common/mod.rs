@@ -34,7 +34,10 @@ pub async fn start_server_with(
     bind_rules: BindRules,
     session: SessionConfig,
 ) -> SocketAddr {
-    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap());
+    // Plain TCP: these tests are about the multiplexer and forwarders; the
+    // secure carriers have their own tests.
+    let mut cfg = ServerConfig::new("tcp://127.0.0.1:0".parse().unwrap());
+    cfg.auth.insecure = true;
     cfg.rules = rules;
     cfg.bind_rules = bind_rules;
     cfg.session = session;
@@ -55,7 +58,8 @@ pub fn fwd(host: &str, port: u16) -> ForwardSpec {
 
 /// A client with one `-L` forward per target; returns the client.
 pub async fn start_client(server: SocketAddr, targets: &[SocketAddr]) -> Client {
-    let mut cfg = ClientConfig::new(server.to_string());
+    let mut cfg = ClientConfig::new(format!("tcp://{server}").parse().unwrap());
+    cfg.insecure = true;
     cfg.local = targets
         .iter()
         .map(|t| fwd(&t.ip().to_string(), t.port()))
@@ -121,4 +125,11 @@ pub async fn echo_streams(fwd: SocketAddr, sizes: Vec<usize>) {
         }
     })
     .await;
+}
+
+/// A client config for a plain-TCP test server.
+pub fn client_config(server: SocketAddr) -> ClientConfig {
+    let mut cfg = ClientConfig::new(format!("tcp://{server}").parse().unwrap());
+    cfg.insecure = true;
+    cfg
 }
