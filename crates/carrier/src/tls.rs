@@ -19,8 +19,19 @@ use crate::keys::{Fingerprint, Identity};
 pub use tokio_rustls::client::TlsStream as ClientTls;
 pub use tokio_rustls::server::TlsStream as ServerTls;
 
+/// ring's suites, AES-128-GCM first: with AES-NI it costs about 30% less
+/// CPU per byte than AES-256-GCM (10 rounds against 14), and the carrier's
+/// throughput on fast paths is bounded by that CPU. ChaCha20 stays for
+/// peers without AES hardware.
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::cipher_suite as cs;
+    let mut p = rustls::crypto::ring::default_provider();
+    p.cipher_suites = vec![
+        cs::TLS13_AES_128_GCM_SHA256,
+        cs::TLS13_AES_256_GCM_SHA384,
+        cs::TLS13_CHACHA20_POLY1305_SHA256,
+    ];
+    Arc::new(p)
 }
 
 static TLS13_ONLY: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
@@ -187,16 +198,33 @@ pub fn client_config(
     Ok(Arc::new(cfg))
 }
 
+/// Ciphertext read below TLS in big chunks: rustls asks the transport for
+/// at most one record (often 4 KiB) per read, which on a fast path means a
+/// syscall every few KiB; a buffer underneath turns most of those into
+/// memory copies.
+pub const TLS_READ_BUFFER: usize = 256 * 1024;
+/// Encrypted bytes rustls may hold before it writes them out (rustls'
+/// default is 64 KiB): larger lets one write carry a whole batch.
+pub const TLS_SEND_BUFFER: usize = 1024 * 1024;
+
+pub type Buffered<S> = tokio::io::BufReader<S>;
+
 /// Runs the client handshake over any byte stream.
-pub async fn connect<S>(io: S, cfg: Arc<rustls::ClientConfig>) -> std::io::Result<ClientTls<S>>
+pub async fn connect<S>(
+    io: S,
+    cfg: Arc<rustls::ClientConfig>,
+) -> std::io::Result<ClientTls<Buffered<S>>>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     // Names are not checked (keys are pinned); any valid name will do.
     let name = ServerName::try_from("longhaul").expect("static name is valid");
-    tokio_rustls::TlsConnector::from(cfg)
+    let io = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, io);
+    let mut tls = tokio_rustls::TlsConnector::from(cfg)
         .connect(name, io)
-        .await
+        .await?;
+    tls.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER));
+    Ok(tls)
 }
 
 /// Runs the server handshake; returns the stream and the client's key, if
@@ -204,11 +232,13 @@ where
 pub async fn accept<S>(
     io: S,
     cfg: Arc<rustls::ServerConfig>,
-) -> std::io::Result<(ServerTls<S>, Option<Fingerprint>)>
+) -> std::io::Result<(ServerTls<Buffered<S>>, Option<Fingerprint>)>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let tls = tokio_rustls::TlsAcceptor::from(cfg).accept(io).await?;
+    let io = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, io);
+    let mut tls = tokio_rustls::TlsAcceptor::from(cfg).accept(io).await?;
+    tls.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER));
     let fp = tls
         .get_ref()
         .1
