@@ -3,9 +3,7 @@
 
 mod common;
 
-use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -16,47 +14,6 @@ use longhaul_proto::handshake::{Hello, HELLO_LEN};
 use longhaul_session::SessionConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-#[derive(Clone, Default)]
-struct LogBuf(Arc<Mutex<Vec<u8>>>);
-
-impl Write for LogBuf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn logs() -> &'static LogBuf {
-    static LOGS: OnceLock<LogBuf> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let buf = LogBuf::default();
-        let w = buf.clone();
-        tracing_subscriber::fmt()
-            .with_writer(move || w.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .init();
-        buf
-    })
-}
-
-fn log_contains(s: &str) -> bool {
-    String::from_utf8_lossy(&logs().0.lock().unwrap()).contains(s)
-}
-
-async fn wait_log(s: &str) {
-    for _ in 0..100 {
-        if log_contains(s) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("log never said '{s}'");
-}
 
 /// Connects and completes the native hello, like a real client would.
 async fn hostile(server: SocketAddr) -> TcpStream {

@@ -1056,6 +1056,7 @@ async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite, urgent: Option<Box
     let mut wakes: Vec<Arc<Notify>> = Vec::with_capacity(MAX_IOV);
     let mut backed_up = false;
     let mut drained;
+    let mut dirty = false;
     loop {
         {
             let mut guard = shared.lock();
@@ -1096,9 +1097,28 @@ async fn carrier_writer(shared: Arc<Shared>, mut w: BoxWrite, urgent: Option<Box
             n.notify_one();
         }
         if batch.is_empty() {
+            if dirty {
+                // TLS and WebSocket carriers keep bytes in their own
+                // buffers until flushed; flush whenever the queue runs dry,
+                // but let new work interrupt (a flush may wait on a full
+                // socket, and is resumed the next time round).
+                tokio::select! {
+                    r = w.flush() => match r {
+                        Ok(()) => dirty = false,
+                        Err(e) => {
+                            tracing::info!(peer = %shared.peer, "carrier flush failed: {e}");
+                            shared.close(format!("carrier write failed: {e}"));
+                            break;
+                        }
+                    },
+                    _ = shared.wake_writer.notified() => {}
+                }
+                continue;
+            }
             shared.wake_writer.notified().await;
             continue;
         }
+        dirty = true;
         match write_batch(&shared, &mut w, urgent.as_deref(), &mut batch).await {
             // Backed up once the carrier takes less than offered; caught up
             // again only when the scheduler has run dry.

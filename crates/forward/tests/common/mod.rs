@@ -3,7 +3,9 @@
 
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use longhaul_forward::rules::{BindRules, Rules};
@@ -132,4 +134,60 @@ pub fn client_config(server: SocketAddr) -> ClientConfig {
     let mut cfg = ClientConfig::new(format!("tcp://{server}").parse().unwrap());
     cfg.insecure = true;
     cfg
+}
+
+/// Log lines of every test in this binary, captured so tests can check
+/// that a refusal says why.
+#[derive(Clone, Default)]
+pub struct LogBuf(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+pub fn logs() -> &'static LogBuf {
+    static LOGS: OnceLock<LogBuf> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = LogBuf::default();
+        let w = buf.clone();
+        tracing_subscriber::fmt()
+            .with_writer(move || w.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .init();
+        buf
+    })
+}
+
+pub fn log_contains(s: &str) -> bool {
+    String::from_utf8_lossy(&logs().0.lock().unwrap()).contains(s)
+}
+
+pub async fn wait_log(s: &str) {
+    for _ in 0..100 {
+        if log_contains(s) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("log never said '{s}'");
+}
+
+/// Prints the captured log when a test fails (drop during a panic).
+pub struct DumpLogsOnPanic;
+impl Drop for DumpLogsOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- captured log ---\n{}",
+                String::from_utf8_lossy(&logs().0.lock().unwrap())
+            );
+        }
+    }
 }
