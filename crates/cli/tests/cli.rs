@@ -304,3 +304,40 @@ fn unknown_congestion_control_is_refused_at_start() {
         "{err}"
     );
 }
+
+#[test]
+fn cmd_carrier_runs_a_stdio_server_and_carries_data_intact() {
+    // An echo target the stdio server may reach.
+    let target = TcpListener::bind("127.0.0.1:0").unwrap();
+    let tport = target.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in target.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let mut r = s.try_clone().unwrap();
+                let _ = std::io::copy(&mut r, &mut s);
+            });
+        }
+    });
+    let lport = free_port();
+    // The same shape as `cmd://ssh far longhaul server --stdio ...`, minus ssh.
+    let cmd = format!("cmd://{BIN} -q server --stdio --allow 127.0.0.1:{tport}");
+    let mut client = spawn(&["client", &cmd, "-L", &format!("{lport}:127.0.0.1:{tport}")]);
+    wait_port(lport);
+    let mut data = vec![0u8; 16 << 20];
+    rand::thread_rng().fill_bytes(&mut data);
+    let mut s = TcpStream::connect(("127.0.0.1", lport)).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let sent = data.clone();
+    let writer = std::thread::spawn(move || {
+        w.write_all(&sent).unwrap();
+        w.shutdown(std::net::Shutdown::Write).unwrap();
+    });
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    writer.join().unwrap();
+    assert_eq!(Sha256::digest(&got), Sha256::digest(&data));
+    // The client owns the server process: stopping the client ends it.
+    let _ = client.0.kill();
+    let _ = client.0.wait();
+}
