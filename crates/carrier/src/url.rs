@@ -135,9 +135,10 @@ impl std::str::FromStr for ListenUrl {
             s
         };
         match s2.parse::<CarrierUrl>()? {
-            CarrierUrl::Cmd { .. } => Err(format!(
+            CarrierUrl::Cmd { .. } => Err(
                 "a server cannot listen on cmd://; use 'longhaul server --stdio' as the command instead"
-            )),
+                    .to_string(),
+            ),
             CarrierUrl::Net { transport, addr } => {
                 let addr = addr.parse().map_err(|_| {
                     format!("'{s}': listen on an IP:PORT, e.g. tls://0.0.0.0:7000 or ws://127.0.0.1:8080/longhaul")

@@ -20,13 +20,14 @@ pub const WS_MAX_SEND: usize = 256 * 1024;
 pub const WS_MAX_MESSAGE: usize = 1024 * 1024;
 
 pub fn ws_config() -> WebSocketConfig {
-    let mut c = WebSocketConfig::default();
-    c.max_message_size = Some(WS_MAX_MESSAGE);
-    c.max_frame_size = Some(WS_MAX_MESSAGE);
-    c.write_buffer_size = 256 * 1024;
-    // Bounds the send side too: tungstenite errors instead of growing.
-    c.max_write_buffer_size = 4 * WS_MAX_SEND;
-    c
+    WebSocketConfig {
+        max_message_size: Some(WS_MAX_MESSAGE),
+        max_frame_size: Some(WS_MAX_MESSAGE),
+        write_buffer_size: 256 * 1024,
+        // Bounds the send side too: tungstenite errors instead of growing.
+        max_write_buffer_size: 4 * WS_MAX_SEND,
+        ..WebSocketConfig::default()
+    }
 }
 
 /// A WebSocket carrying a byte stream.
@@ -144,6 +145,8 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let want = path.to_string();
+    // The callback's error type is tungstenite's HTTP response.
+    #[allow(clippy::result_large_err)]
     let check = move |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
         if req.uri().path() == want {
             Ok(resp)

@@ -178,8 +178,19 @@ async fn truncated_frame_and_garbage() {
     s.write_all(&random_bytes(256 * 1024)).await.ok();
     assert_dropped(s).await;
 
-    // Not even a hello: refused at the handshake.
+    // Not even the authentication preamble: refused before anything else.
     let mut s = TcpStream::connect(server).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert_dropped(s).await;
+    wait_log("bad authentication preamble").await;
+
+    // A preamble but no hello: refused at the handshake.
+    let mut s = TcpStream::connect(server).await.unwrap();
+    s.write_all(&longhaul_forward::auth::preamble(None).unwrap())
+        .await
+        .unwrap();
     s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();

@@ -38,8 +38,13 @@ async fn overrunning_peer_is_dropped_and_memory_stays_under_the_budget() {
     // Targets that never read, with tiny receive buffers.
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     sock.set_recv_buffer_size(4096).unwrap();
-    sock.bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into())
-        .unwrap();
+    sock.bind(
+        &"127.0.0.1:0"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
+    )
+    .unwrap();
     sock.listen(1024).unwrap();
     sock.set_nonblocking(true).unwrap();
     let sink = tokio::net::TcpListener::from_std(sock.into()).unwrap();
@@ -127,7 +132,10 @@ async fn overrunning_peer_is_dropped_and_memory_stays_under_the_budget() {
             }
         }
     }
-    assert!(sent < ATTEMPT, "the server took {sent} bytes without dropping us");
+    assert!(
+        sent < ATTEMPT,
+        "the server took {sent} bytes without dropping us"
+    );
     wait_log("window overrun").await;
     let peak = status_kib("VmHWM:") * 1024;
     let grew = peak.saturating_sub(before);

@@ -452,3 +452,34 @@ async fn plain_tcp_and_open_servers_need_insecure() {
     let e = format!("{:#}", Client::start(cl).await.err().unwrap());
     assert!(e.contains("--insecure"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sessions_are_closed_after_the_idle_timeout() {
+    logs();
+    let sid = Identity::generate().unwrap();
+    let echo = echo_server().await;
+    let mut cfg = server_config("tls://127.0.0.1:0", &sid);
+    cfg.auth.token = Some("tok".into());
+    cfg.rules = Rules::allow_all();
+    cfg.session = SessionConfig {
+        idle_timeout: Some(Duration::from_secs(1)),
+        ..SessionConfig::default()
+    };
+    let srv = run_server(cfg).await;
+    let mut c = client_to(format!("tls://{}", srv.addr), srv.key, &[echo]);
+    c.token = Some("tok".into());
+    let client = Client::start(c).await.unwrap();
+    // Busy: a stream open longer than the timeout keeps the session.
+    let mut s = TcpStream::connect(client.local_addrs[0]).await.unwrap();
+    for _ in 0..4 {
+        s.write_all(b"ping").await.unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop(s);
+    // Idle: closed within about a second more.
+    let why = within(10, client.wait()).await;
+    assert!(!why.is_empty());
+    wait_log("no streams; --idle-timeout").await;
+}

@@ -15,6 +15,8 @@
 //! * a **housekeeping** tick (not on the data path): keepalive PINGs, RTT
 //!   sampling, dead-peer detection.
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod outframe;
 mod runtime;
 mod stream;

@@ -1,0 +1,219 @@
+//! Harnesses shared by the cargo-fuzz targets (`fuzz/`) and by the tests
+//! that replay their corpus on every CI run.
+//!
+//! * [`frame_decoder`]: any bytes through the frame decoder; every frame it
+//!   accepts must re-encode to bytes that decode to the same frame.
+//! * [`session_peer`]: any bytes as the peer's side of a live session (after
+//!   a valid hello in native mode), against a real session with real
+//!   loopback sockets for the streams either side opens. The session must
+//!   neither panic nor hang: once the peer's bytes end, it must close
+//!   within a deadline, and everything it wrote must be well-formed frames.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use longhaul_carrier::Carrier;
+use longhaul_proto::frame::{self, DecodeLimits};
+use longhaul_proto::handshake::Hello;
+use longhaul_proto::Reason;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::{Acceptor, BoxFuture, Mode, OpenRefused, Session, SessionConfig};
+
+/// Decodes `data` as a frame stream under limits chosen by its first byte.
+pub fn frame_decoder(data: &[u8]) {
+    let Some((&sel, rest)) = data.split_first() else {
+        return;
+    };
+    let limits = DecodeLimits {
+        max_frame: if sel & 1 == 0 {
+            u16::MAX as usize
+        } else {
+            4096
+        },
+        extensions: sel & 2 == 0,
+    };
+    let mut buf = BytesMut::from(rest);
+    while let Ok(Some(f)) = frame::decode(&mut buf, limits) {
+        let bytes = f.to_bytes().expect("a decoded frame re-encodes");
+        let mut again = BytesMut::from(&bytes[..]);
+        let back = frame::decode(&mut again, limits)
+            .expect("re-encoded frame decodes")
+            .expect("re-encoded frame is complete");
+        assert_eq!(back, f);
+        assert!(again.is_empty());
+    }
+}
+
+/// A loopback listener that accepts and drains, standing in for targets.
+fn sink() -> SocketAddr {
+    static SINK: OnceLock<SocketAddr> = OnceLock::new();
+    *SINK.get_or_init(|| {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind sink");
+        let addr = l.local_addr().expect("sink addr");
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { continue };
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut s, &mut std::io::sink());
+                });
+            }
+        });
+        addr
+    })
+}
+
+/// Connects every stream the fuzzed peer opens to the sink, except the
+/// destination `tcp://refused:1`, which is refused.
+struct SinkAcceptor;
+
+impl Acceptor for SinkAcceptor {
+    fn connect(&self, dest: String) -> BoxFuture<Result<TcpStream, OpenRefused>> {
+        Box::pin(async move {
+            if dest == "tcp://refused:1" {
+                return Err(OpenRefused::new(Reason::NOT_ALLOWED, "not allowed"));
+            }
+            TcpStream::connect(sink())
+                .await
+                .map_err(|e| OpenRefused::new(Reason::GENERAL_FAILURE, e.to_string()))
+        })
+    }
+}
+
+/// How long the peer stays connected after its last byte.
+const PEER_LINGER: Duration = Duration::from_millis(5);
+
+/// Splits session input into bursts at [`PAUSE`] (at most 8 bursts).
+pub const PAUSE: &[u8; 4] = b"\xfe\xfePS";
+
+fn split_pauses(input: &[u8]) -> Vec<&[u8]> {
+    let mut parts = vec![];
+    let mut rest = input;
+    while parts.len() < 7 {
+        match rest.windows(PAUSE.len()).position(|w| w == PAUSE) {
+            Some(i) => {
+                parts.push(&rest[..i]);
+                rest = &rest[i + PAUSE.len()..];
+            }
+            None => break,
+        }
+    }
+    parts.push(rest);
+    parts
+}
+
+/// Most time one input may take; longer is a hang.
+pub const SESSION_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Runs one session against `data` as its peer's bytes. The first byte
+/// picks the mode and how many streams our side opens first (their OPENs
+/// use ids 0.., so the input can answer them).
+pub fn session_peer(data: &[u8]) {
+    let Some((&sel, rest)) = data.split_first() else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let done =
+        rt.block_on(async { tokio::time::timeout(SESSION_DEADLINE, run_session(sel, rest)).await });
+    assert!(
+        done.is_ok(),
+        "session did not finish within {SESSION_DEADLINE:?}"
+    );
+}
+
+async fn run_session(sel: u8, peer_bytes: &[u8]) {
+    let native = sel & 1 == 0;
+    let our_streams = ((sel >> 1) & 3) as usize;
+    let (ours, theirs) = tokio::io::duplex(256 * 1024);
+    let (r, w) = tokio::io::split(ours);
+    let carrier = Carrier {
+        reader: Box::new(r),
+        writer: Box::new(w),
+        probe: None,
+        urgent: None,
+        peer: "fuzz".into(),
+    };
+    let config = SessionConfig {
+        mode: if native { Mode::Native } else { Mode::Jmux },
+        max_streams: 16,
+        budget: 4 << 20,
+        handshake_timeout: Duration::from_secs(2),
+        open_timeout: Duration::from_secs(2),
+        ..SessionConfig::default()
+    };
+    let (mut peer_r, mut peer_w) = tokio::io::split(theirs);
+    // The peer: hello, then (once our side has sent its OPENs, so the
+    // input can answer them) the fuzz bytes, a moment for the session to
+    // act on them (connect targets, move data), then EOF.
+    let input = peer_bytes.to_vec();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let writer = tokio::spawn(async move {
+        if native {
+            peer_w.write_all(&Hello::ours(u16::MAX).encode()).await?;
+        }
+        let _ = go_rx.await;
+        // PAUSE markers split the input into bursts with a moment between
+        // them, so an input can wait for an OPEN to be answered.
+        for part in split_pauses(&input) {
+            peer_w.write_all(part).await?;
+            tokio::time::sleep(PEER_LINGER).await;
+        }
+        peer_w.shutdown().await
+    });
+    // Everything the session writes must be valid frames.
+    let reader = tokio::spawn(async move {
+        let mut out = Vec::new();
+        let _ = peer_r.read_to_end(&mut out).await;
+        out
+    });
+    let Ok(handle) = Session::start(carrier, config, Arc::new(SinkAcceptor)).await else {
+        let _ = writer.await;
+        return;
+    };
+    for i in 0..our_streams {
+        let h = handle.clone();
+        tokio::spawn(async move {
+            if let Ok(opened) = h.open(&format!("tcp://target-{i}:80")).await {
+                if let Ok(sock) = TcpStream::connect(sink()).await {
+                    opened.attach(sock);
+                }
+            }
+        });
+    }
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+    let _ = go_tx.send(());
+    let _ = writer.await;
+    // The peer's bytes have ended: the session must notice and close.
+    handle.closed().await;
+    let out = reader.await.unwrap_or_default();
+    let mut buf = BytesMut::from(&out[..]);
+    if native {
+        if buf.len() < longhaul_proto::handshake::HELLO_LEN {
+            return;
+        }
+        let _ = buf.split_to(longhaul_proto::handshake::HELLO_LEN);
+    }
+    let limits = DecodeLimits {
+        max_frame: u16::MAX as usize,
+        extensions: native,
+    };
+    while !buf.is_empty() {
+        match frame::decode(&mut buf, limits) {
+            Ok(Some(f)) => {
+                if std::env::var_os("LH_FUZZ_DEBUG").is_some() {
+                    eprintln!("out: {f:?}");
+                }
+            }
+            Ok(None) => break, // cut off by the close
+            Err(e) => panic!("session wrote an invalid frame: {e}"),
+        }
+    }
+}
