@@ -39,6 +39,10 @@ pub struct Matrix {
     pub loss: Option<String>,
     pub app_buffer: Option<u64>,
     pub tcp_buffers: Option<u64>,
+    /// longhaul's carrier (`tcp`, `tls`); absent in reports made before
+    /// carriers could be chosen (those were `tcp`).
+    #[serde(default)]
+    pub carrier: Option<String>,
     pub cells: Vec<Cell>,
     pub rr: Vec<RrSweep>,
 }
@@ -56,7 +60,8 @@ impl Matrix {
     pub fn markdown(&self) -> String {
         let mut s = String::from("# longhaul bench matrix\n\n");
         s += &format!(
-            "{} s per cell; rate {}; loss {}; application socket buffers {}; namespace TCP buffer max {}.\n\n",
+            "longhaul carrier {}; {} s per cell; rate {}; loss {}; application socket buffers {}; namespace TCP buffer max {}.\n\n",
+            self.carrier.as_deref().unwrap_or("tcp"),
             self.seconds_per_cell,
             self.rate.as_deref().unwrap_or("unlimited"),
             self.loss.as_deref().unwrap_or("0"),
@@ -292,6 +297,7 @@ mod tests {
             loss: None,
             app_buffer: None,
             tcp_buffers: None,
+            carrier: Some("tls".into()),
             cells: vec![
                 Cell {
                     delay_ms: 50.0,

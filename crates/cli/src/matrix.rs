@@ -149,6 +149,7 @@ async fn run_inner(a: &MatrixArgs) -> anyhow::Result<()> {
         loss: (a.loss > 0.0).then(|| format!("{:.3}%", a.loss * 100.0)),
         app_buffer: a.app_buffer,
         tcp_buffers: a.tcp_buffers,
+        carrier: Some(carrier.name().to_string()),
         cells: vec![],
         rr: vec![],
     };
