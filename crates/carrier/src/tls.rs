@@ -204,8 +204,10 @@ pub fn client_config(
 /// memory copies.
 pub const TLS_READ_BUFFER: usize = 256 * 1024;
 /// Encrypted bytes rustls may hold before it writes them out (rustls'
-/// default is 64 KiB): larger lets one write carry a whole batch.
-pub const TLS_SEND_BUFFER: usize = 1024 * 1024;
+/// default). Kept small on purpose: bytes queued here are past the
+/// scheduler, so an interactive frame waits behind all of them (1 MiB here
+/// put 45 ms in front of every request at 220 Mbit/s).
+pub const TLS_SEND_BUFFER: usize = 64 * 1024;
 
 pub type Buffered<S> = tokio::io::BufReader<S>;
 

@@ -13,8 +13,10 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
-/// Largest message we send (bigger writes are cut).
-pub const WS_MAX_SEND: usize = 256 * 1024;
+/// Largest message we send (bigger writes are cut). Small enough that the
+/// one message tungstenite may hold while the socket is full keeps little
+/// in front of an interactive frame.
+pub const WS_MAX_SEND: usize = 64 * 1024;
 /// Largest message or frame we accept from a peer: bounds what one message
 /// can make us buffer.
 pub const WS_MAX_MESSAGE: usize = 1024 * 1024;
@@ -23,7 +25,9 @@ pub fn ws_config() -> WebSocketConfig {
     WebSocketConfig {
         max_message_size: Some(WS_MAX_MESSAGE),
         max_frame_size: Some(WS_MAX_MESSAGE),
-        write_buffer_size: 256 * 1024,
+        // Write each message out at once: the session batches already, and
+        // bytes parked here would sit past its scheduler.
+        write_buffer_size: 0,
         // Bounds the send side too: tungstenite errors instead of growing.
         max_write_buffer_size: 4 * WS_MAX_SEND,
         ..WebSocketConfig::default()
@@ -108,6 +112,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsIo<S> {
             .start_send(Message::Binary(buf[..n].to_vec()))
             .map_err(io_err)?;
         Poll::Ready(Ok(n))
+    }
+
+    /// Gathers the slices (a frame header and its payload, say) into one
+    /// message rather than sending each as its own.
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let me = &mut *self;
+        ready!(Pin::new(&mut me.ws).poll_ready(cx)).map_err(io_err)?;
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut msg = Vec::with_capacity(total.min(WS_MAX_SEND));
+        for b in bufs {
+            let room = WS_MAX_SEND - msg.len();
+            if room == 0 {
+                break;
+            }
+            msg.extend_from_slice(&b[..b.len().min(room)]);
+        }
+        let n = msg.len();
+        Pin::new(&mut me.ws)
+            .start_send(Message::Binary(msg))
+            .map_err(io_err)?;
+        Poll::Ready(Ok(n))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
