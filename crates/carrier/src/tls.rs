@@ -175,10 +175,14 @@ impl ClientCertVerifier for AnyClientKey {
 /// Server side: our identity, any client key.
 pub fn server_config(id: &Identity) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
     let p = provider();
-    let cfg = rustls::ServerConfig::builder_with_provider(p.clone())
+    let mut cfg = rustls::ServerConfig::builder_with_provider(p.clone())
         .with_protocol_versions(tls13_only())?
         .with_client_cert_verifier(Arc::new(AnyClientKey { provider: p }))
         .with_single_cert(vec![id.cert.clone()], id.private_key())?;
+    // A client makes one carrier per run, so resumption tickets would only
+    // cost work and server memory.
+    cfg.send_tls13_tickets = 0;
+    cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     Ok(Arc::new(cfg))
 }
 
@@ -191,10 +195,11 @@ pub fn client_config(
         .with_protocol_versions(tls13_only())?
         .dangerous()
         .with_custom_certificate_verifier(verifier);
-    let cfg = match id {
+    let mut cfg = match id {
         Some(id) => b.with_client_auth_cert(vec![id.cert.clone()], id.private_key())?,
         None => b.with_no_client_auth(),
     };
+    cfg.resumption = rustls::client::Resumption::disabled();
     Ok(Arc::new(cfg))
 }
 
