@@ -319,6 +319,8 @@ fn start_nginx(backend: SocketAddr) -> Option<Nginx> {
     let conf = format!(
         r#"worker_processes 1;
 daemon off;
+# One process, so killing it leaves no orphaned workers behind.
+master_process off;
 pid {d}/nginx.pid;
 error_log {d}/error.log;
 events {{ worker_connections 64; }}
