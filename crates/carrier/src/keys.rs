@@ -79,20 +79,12 @@ impl std::str::FromStr for Fingerprint {
 }
 
 /// A loaded key pair with its self-signed certificate.
+#[derive(Clone)]
 pub struct Identity {
     pub cert: CertificateDer<'static>,
     key_der: Vec<u8>,
+    key_pem: String,
     pub fingerprint: Fingerprint,
-}
-
-impl Clone for Identity {
-    fn clone(&self) -> Self {
-        Identity {
-            cert: self.cert.clone(),
-            key_der: self.key_der.clone(),
-            fingerprint: self.fingerprint,
-        }
-    }
 }
 
 impl fmt::Debug for Identity {
@@ -128,6 +120,7 @@ impl Identity {
         Ok(Identity {
             cert,
             key_der: kp.serialize_der(),
+            key_pem: kp.serialize_pem(),
             fingerprint,
         })
     }
@@ -145,17 +138,6 @@ impl Identity {
 
     pub fn private_key(&self) -> PrivateKeyDer<'static> {
         PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key_der.clone()))
-    }
-
-    fn pem(&self) -> String {
-        use std::fmt::Write;
-        let b64 = base64::engine::general_purpose::STANDARD.encode(&self.key_der);
-        let mut s = String::from("-----BEGIN PRIVATE KEY-----\n");
-        for chunk in b64.as_bytes().chunks(64) {
-            let _ = writeln!(s, "{}", String::from_utf8_lossy(chunk));
-        }
-        s.push_str("-----END PRIVATE KEY-----\n");
-        s
     }
 
     /// Writes the private key (mode 0600, never over an existing file) and
@@ -182,7 +164,7 @@ impl Identity {
                     werr(err)
                 }
             })?;
-        f.write_all(self.pem().as_bytes()).map_err(werr)?;
+        f.write_all(self.key_pem.as_bytes()).map_err(werr)?;
         let mut pubpath = path.as_os_str().to_owned();
         pubpath.push(".pub");
         std::fs::write(&pubpath, format!("{}\n", self.fingerprint)).map_err(|err| {
@@ -219,7 +201,7 @@ mod tests {
         );
         assert_eq!(text.parse::<Fingerprint>().unwrap(), id.fingerprint);
         // The certificate is made afresh on each load; the name must not change.
-        let again = Identity::from_pem(&id.pem()).unwrap();
+        let again = Identity::from_pem(&id.key_pem).unwrap();
         assert_eq!(again.fingerprint, id.fingerprint);
         assert!("SHA256:abc".parse::<Fingerprint>().is_err());
         assert!("MD5:xyz".parse::<Fingerprint>().is_err());

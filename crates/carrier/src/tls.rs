@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{verify_tls13_signature, CryptoProvider};
+use rustls::crypto::{verify_tls13_signature, CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
@@ -40,13 +40,38 @@ fn tls13_only() -> &'static [&'static rustls::SupportedProtocolVersion] {
     TLS13_ONLY
 }
 
+/// The handshake-signature checks both verifiers share: TLS 1.3 with the
+/// key inside the peer's certificate, never TLS 1.2 (it is not offered).
+#[derive(Debug, Clone, Copy)]
+struct Signatures(WebPkiSupportedAlgorithms);
+
+impl Signatures {
+    fn new() -> Signatures {
+        Signatures(provider().signature_verification_algorithms)
+    }
+    fn tls12() -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("TLS 1.2 is not supported".into()))
+    }
+    fn tls13(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(message, cert, dss, &self.0)
+    }
+    fn schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_schemes()
+    }
+}
+
 /// Verifies the server's key against a pin, and remembers the key it saw
 /// (for trust on first use).
 #[derive(Debug)]
 pub struct PinVerifier {
     expected: Option<Fingerprint>,
     seen: Mutex<Option<Fingerprint>>,
-    provider: Arc<CryptoProvider>,
+    sigs: Signatures,
 }
 
 impl PinVerifier {
@@ -56,7 +81,7 @@ impl PinVerifier {
         Arc::new(PinVerifier {
             expected,
             seen: Mutex::new(None),
-            provider: provider(),
+            sigs: Signatures::new(),
         })
     }
 
@@ -91,8 +116,7 @@ impl ServerCertVerifier for PinVerifier {
         _cert: &CertificateDer<'_>,
         _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        // Only TLS 1.3 is offered, so this is never reached legitimately.
-        Err(rustls::Error::General("TLS 1.2 is not supported".into()))
+        Signatures::tls12()
     }
 
     fn verify_tls13_signature(
@@ -101,18 +125,11 @@ impl ServerCertVerifier for PinVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.sigs.tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.sigs.schemes()
     }
 }
 
@@ -121,7 +138,7 @@ impl ServerCertVerifier for PinVerifier {
 /// token may authenticate instead).
 #[derive(Debug)]
 struct AnyClientKey {
-    provider: Arc<CryptoProvider>,
+    sigs: Signatures,
 }
 
 impl ClientCertVerifier for AnyClientKey {
@@ -150,7 +167,7 @@ impl ClientCertVerifier for AnyClientKey {
         _cert: &CertificateDer<'_>,
         _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::General("TLS 1.2 is not supported".into()))
+        Signatures::tls12()
     }
     fn verify_tls13_signature(
         &self,
@@ -158,17 +175,10 @@ impl ClientCertVerifier for AnyClientKey {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.sigs.tls13(message, cert, dss)
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.sigs.schemes()
     }
 }
 
@@ -177,7 +187,9 @@ pub fn server_config(id: &Identity) -> Result<Arc<rustls::ServerConfig>, rustls:
     let p = provider();
     let mut cfg = rustls::ServerConfig::builder_with_provider(p.clone())
         .with_protocol_versions(tls13_only())?
-        .with_client_cert_verifier(Arc::new(AnyClientKey { provider: p }))
+        .with_client_cert_verifier(Arc::new(AnyClientKey {
+            sigs: Signatures(p.signature_verification_algorithms),
+        }))
         .with_single_cert(vec![id.cert.clone()], id.private_key())?;
     // A client makes one carrier per run, so resumption tickets would only
     // cost work and server memory.

@@ -101,17 +101,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsIo<S> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsIo<S> {
     fn poll_write(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        let me = &mut *self;
-        ready!(Pin::new(&mut me.ws).poll_ready(cx)).map_err(io_err)?;
-        let n = buf.len().min(WS_MAX_SEND);
-        Pin::new(&mut me.ws)
-            .start_send(Message::Binary(buf[..n].to_vec()))
-            .map_err(io_err)?;
-        Poll::Ready(Ok(n))
+        self.poll_write_vectored(cx, &[std::io::IoSlice::new(buf)])
     }
 
     /// Gathers the slices (a frame header and its payload, say) into one

@@ -149,13 +149,10 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
 
 async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     use anyhow::Context;
-    let mut cfg = ServerConfig::new(
-        a.listen
-            .first()
-            .cloned()
-            .unwrap_or_else(|| "127.0.0.1:0".parse().expect("valid")),
-    );
-    cfg.listen = a.listen.clone();
+    let mut cfg = ServerConfig {
+        listen: a.listen.clone(),
+        ..ServerConfig::default()
+    };
     cfg.rules = a.rules();
     cfg.bind_rules = a.bind_rules();
     cfg.session = a.session.config(a.jmux);

@@ -34,10 +34,11 @@ pub struct ServerConfig {
     pub congestion: Option<String>,
 }
 
-impl ServerConfig {
-    pub fn new(listen: ListenUrl) -> ServerConfig {
+impl Default for ServerConfig {
+    /// No listener yet (enough for `--stdio`), nothing allowed.
+    fn default() -> ServerConfig {
         ServerConfig {
-            listen: vec![listen],
+            listen: vec![],
             identity: None,
             auth: ServerAuth::default(),
             rules: Rules::default(),
@@ -45,6 +46,15 @@ impl ServerConfig {
             session: SessionConfig::default(),
             max_sessions: 1024,
             congestion: None,
+        }
+    }
+}
+
+impl ServerConfig {
+    pub fn new(listen: ListenUrl) -> ServerConfig {
+        ServerConfig {
+            listen: vec![listen],
+            ..ServerConfig::default()
         }
     }
 
@@ -339,31 +349,28 @@ async fn serve_carrier(
     config: Arc<ServerConfig>,
     trusted: bool,
 ) -> Result<String, String> {
-    let who = if config.session.mode == longhaul_session::Mode::Native {
+    // Native clients send the preamble (even over a trusted pipe); JMUX
+    // peers have none and can only authenticate by key.
+    let token = if config.session.mode == longhaul_session::Mode::Native {
         let limit = config.session.handshake_timeout;
-        let token = match tokio::time::timeout(limit, read_preamble(&mut carrier.reader)).await {
-            Ok(Ok(t)) => t,
+        match tokio::time::timeout(limit, read_preamble(&mut carrier.reader)).await {
+            Ok(Ok(t)) => Some(t),
             Ok(Err(e)) => return Err(format!("refused carrier: {e}")),
             Err(_) => {
                 return Err(format!(
                     "refused carrier: no authentication within {limit:?}"
                 ))
             }
-        };
-        if trusted {
-            Authenticated::Anonymous
-        } else {
-            config
-                .auth
-                .decide(key, Some(&token))
-                .map_err(|e| format!("refused carrier: not authenticated: {e}"))?
         }
-    } else if trusted {
+    } else {
+        None
+    };
+    let who = if trusted {
         Authenticated::Anonymous
     } else {
         config
             .auth
-            .decide(key, None)
+            .decide(key, token.as_deref())
             .map_err(|e| format!("refused carrier: not authenticated: {e}"))?
     };
     let acceptor = Arc::new(ServerAcceptor::new(&config, &who, from.clone()));

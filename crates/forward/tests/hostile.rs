@@ -10,23 +10,9 @@ use bytes::BytesMut;
 use common::*;
 use longhaul_forward::rules::{BindRules, Rules};
 use longhaul_proto::frame::{self, DecodeLimits, Frame};
-use longhaul_proto::handshake::{Hello, HELLO_LEN};
 use longhaul_session::SessionConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// Connects and completes the native hello, like a real client would.
-async fn hostile(server: SocketAddr) -> TcpStream {
-    let mut s = TcpStream::connect(server).await.unwrap();
-    s.write_all(&longhaul_forward::auth::preamble(None).unwrap())
-        .await
-        .unwrap();
-    s.write_all(&Hello::ours(u16::MAX).encode()).await.unwrap();
-    let mut h = [0u8; HELLO_LEN];
-    s.read_exact(&mut h).await.unwrap();
-    Hello::decode(&h).unwrap();
-    s
-}
 
 /// The server must drop the connection: EOF or reset, within a few seconds.
 async fn assert_dropped(mut s: TcpStream) {
@@ -73,7 +59,7 @@ async fn setup(session: SessionConfig) -> (SocketAddr, SocketAddr) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_for_unknown_channel() {
     let (server, echo) = setup(SessionConfig::default()).await;
-    let mut s = hostile(server).await;
+    let mut s = native_peer(server).await;
     let f = Frame::Data {
         recipient: 4242,
         payload: bytes::Bytes::from_static(b"boo"),
@@ -106,7 +92,7 @@ async fn window_overrun() {
     );
     let server = start_server_with(rules, BindRules::default(), SessionConfig::default()).await;
     let good = start_client(server, &[echo]).await;
-    let mut s = hostile(server).await;
+    let mut s = native_peer(server).await;
     let open = Frame::Open {
         sender: 1,
         window: 1 << 20,
@@ -152,7 +138,7 @@ async fn frame_larger_than_allowed() {
         ..SessionConfig::default()
     };
     let (server, echo) = setup(cfg).await;
-    let mut s = hostile(server).await;
+    let mut s = native_peer(server).await;
     // Header declaring a 40 000-byte DATA frame; the body never needs to come.
     s.write_all(&[104, 0x9c, 0x40, 0, 0, 0, 0, 1])
         .await
@@ -165,7 +151,7 @@ async fn frame_larger_than_allowed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncated_frame_and_garbage() {
     let (server, echo) = setup(SessionConfig::default()).await;
-    let mut s = hostile(server).await;
+    let mut s = native_peer(server).await;
     // WINDOW_ADJUST whose declared size leaves no room for its fields.
     s.write_all(&[103, 0, 6, 0, 0, 0]).await.unwrap();
     assert_dropped(s).await;
@@ -174,7 +160,7 @@ async fn truncated_frame_and_garbage() {
     // Random bytes: more than the largest frame, so whatever sizes they
     // declare, frames complete and an invalid one soon follows (4 KiB could
     // leave the server rightly waiting for the rest of a declared frame).
-    let mut s = hostile(server).await;
+    let mut s = native_peer(server).await;
     s.write_all(&random_bytes(256 * 1024)).await.ok();
     assert_dropped(s).await;
 
@@ -206,7 +192,7 @@ async fn open_flood_beyond_stream_limit_is_refused() {
         ..SessionConfig::default()
     };
     let (server, echo) = setup(cfg).await;
-    let mut s = hostile(server).await;
+    let mut s = native_peer(server).await;
     for i in 0..20u32 {
         let open = Frame::Open {
             sender: i,

@@ -11,10 +11,8 @@ use bytes::{Bytes, BytesMut};
 use common::*;
 use longhaul_forward::rules::{BindRules, Rules};
 use longhaul_proto::frame::{self, DecodeLimits, Frame};
-use longhaul_proto::handshake::{Hello, HELLO_LEN};
 use longhaul_session::SessionConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 fn status_kib(field: &str) -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -63,13 +61,7 @@ async fn overrunning_peer_is_dropped_and_memory_stays_under_the_budget() {
     let server = start_server_with(rules, BindRules::default(), cfg).await;
 
     let before = status_kib("VmRSS:") * 1024;
-    let mut s = TcpStream::connect(server).await.unwrap();
-    s.write_all(&longhaul_forward::auth::preamble(None).unwrap())
-        .await
-        .unwrap();
-    s.write_all(&Hello::ours(u16::MAX).encode()).await.unwrap();
-    let mut h = [0u8; HELLO_LEN];
-    s.read_exact(&mut h).await.unwrap();
+    let mut s = native_peer(server).await;
     for i in 0..STREAMS {
         let open = Frame::Open {
             sender: i,

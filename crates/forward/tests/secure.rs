@@ -39,6 +39,15 @@ async fn run_server(cfg: ServerConfig) -> TestServer {
     TestServer { addr, key }
 }
 
+/// A server on `listen` (fresh key) that lets in token "tok" to anywhere.
+async fn token_server(listen: &str, session: SessionConfig) -> TestServer {
+    let mut cfg = server_config(listen, &Identity::generate().unwrap());
+    cfg.auth.token = Some("tok".into());
+    cfg.rules = Rules::allow_all();
+    cfg.session = session;
+    run_server(cfg).await
+}
+
 fn authorized(lines: &str) -> Option<AuthorizedKeys> {
     Some(AuthorizedKeys::parse(lines, "test").unwrap())
 }
@@ -258,13 +267,9 @@ async fn a_keys_rules_narrow_what_it_may_reach_and_bind() {
 async fn websocket_carriers_direct_and_wss() {
     logs();
     let _dump = DumpLogsOnPanic;
-    let sid = Identity::generate().unwrap();
     let echo = echo_server().await;
     for listen in ["ws://127.0.0.1:0/lh", "wss://127.0.0.1:0/lh"] {
-        let mut cfg = server_config(listen, &sid);
-        cfg.auth.token = Some("tok".into());
-        cfg.rules = Rules::allow_all();
-        let srv = run_server(cfg).await;
+        let srv = token_server(listen, SessionConfig::default()).await;
         let scheme = &listen[..listen.find(':').unwrap()];
         let mut c = client_to(format!("{scheme}://{}/lh", srv.addr), srv.key, &[echo]);
         c.token = Some("tok".into());
@@ -388,16 +393,15 @@ async fn websocket_through_real_nginx_64_mib_round_trip() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handshakes_that_never_finish_are_dropped_while_others_are_served() {
     logs();
-    let sid = Identity::generate().unwrap();
     let echo = echo_server().await;
-    let mut cfg = server_config("tls://127.0.0.1:0", &sid);
-    cfg.auth.token = Some("tok".into());
-    cfg.rules = Rules::allow_all();
-    cfg.session = SessionConfig {
-        handshake_timeout: Duration::from_secs(1),
-        ..SessionConfig::default()
-    };
-    let srv = run_server(cfg).await;
+    let srv = token_server(
+        "tls://127.0.0.1:0",
+        SessionConfig {
+            handshake_timeout: Duration::from_secs(1),
+            ..SessionConfig::default()
+        },
+    )
+    .await;
     // Silent after connecting; half a ClientHello; plain garbage.
     let mut silent = TcpStream::connect(srv.addr).await.unwrap();
     let mut partial = TcpStream::connect(srv.addr).await.unwrap();
@@ -458,16 +462,15 @@ async fn plain_tcp_and_open_servers_need_insecure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_sessions_are_closed_after_the_idle_timeout() {
     logs();
-    let sid = Identity::generate().unwrap();
     let echo = echo_server().await;
-    let mut cfg = server_config("tls://127.0.0.1:0", &sid);
-    cfg.auth.token = Some("tok".into());
-    cfg.rules = Rules::allow_all();
-    cfg.session = SessionConfig {
-        idle_timeout: Some(Duration::from_secs(1)),
-        ..SessionConfig::default()
-    };
-    let srv = run_server(cfg).await;
+    let srv = token_server(
+        "tls://127.0.0.1:0",
+        SessionConfig {
+            idle_timeout: Some(Duration::from_secs(1)),
+            ..SessionConfig::default()
+        },
+    )
+    .await;
     let mut c = client_to(format!("tls://{}", srv.addr), srv.key, &[echo]);
     c.token = Some("tok".into());
     let client = Client::start(c).await.unwrap();

@@ -191,3 +191,19 @@ impl Drop for DumpLogsOnPanic {
         }
     }
 }
+
+/// A raw peer of a plain-TCP test server: connects, sends the empty
+/// authentication preamble and completes the native hello, as a real client
+/// would; what it sends next is up to the test.
+pub async fn native_peer(server: SocketAddr) -> TcpStream {
+    use longhaul_proto::handshake::{Hello, HELLO_LEN};
+    let mut s = TcpStream::connect(server).await.unwrap();
+    s.write_all(&longhaul_forward::auth::preamble(None).unwrap())
+        .await
+        .unwrap();
+    s.write_all(&Hello::ours(u16::MAX).encode()).await.unwrap();
+    let mut h = [0u8; HELLO_LEN];
+    s.read_exact(&mut h).await.unwrap();
+    Hello::decode(&h).unwrap();
+    s
+}
