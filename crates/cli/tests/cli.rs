@@ -2,13 +2,15 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
-const BIN: &str = env!("CARGO_BIN_EXE_longhaul");
+mod common;
+
+use common::*;
 
 fn run_err(args: &[&str]) -> (i32, String) {
     let out = Command::new(BIN).args(args).output().unwrap();
@@ -81,40 +83,6 @@ fn client_with_nothing_to_forward_or_no_server_fails_clearly() {
     assert!(err.contains("cannot connect to server"), "{err}");
 }
 
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn wait_port(port: u16) {
-    let t = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "port {port} never opened"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn tmpdir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("lh-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// `longhaul keygen --out DIR/NAME`; returns the path and the printed fingerprint.
 fn keygen(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, String) {
     let path = dir.join(name);
@@ -126,18 +94,6 @@ fn keygen(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, String) {
     let fp = String::from_utf8(out.stdout).unwrap().trim().to_string();
     assert!(fp.starts_with("SHA256:"), "{fp}");
     (path, fp)
-}
-
-fn spawn(args: &[&str]) -> Kill {
-    Kill(
-        Command::new(BIN)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    )
 }
 
 #[test]

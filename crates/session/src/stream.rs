@@ -1,33 +1,42 @@
 //! The two pumps of one stream.
+//!
+//! Neither holds a buffer while its socket is idle: the uplink waits for the
+//! socket to be readable before it allocates one, and the downlink takes its
+//! data from the stream's inbound queue only when there is some. An idle
+//! stream costs its two tasks, its socket and its entry — a few KiB.
 
+use std::io::{self, IoSlice};
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use longhaul_proto::frame::{write_data_header, Frame, DATA_HEADER_LEN};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::mpsc;
 
+use crate::inbound::{compact_parts, Part};
 use crate::outframe::OutFrame;
-use crate::runtime::Shared;
-
-/// What the carrier reader hands to a stream's downlink.
-pub(crate) enum Inbound {
-    Data(Bytes),
-    Eof,
-}
+use crate::runtime::{Shared, StreamIo};
 
 /// Largest single read from a local socket; split into frames of at most
 /// the peer's maximum packet size without copying.
 const UPLINK_READ: usize = 256 * 1024;
+/// First read after the socket was idle: small, since an interactive
+/// stream's message is usually short; reads grow while they come back full.
+const UPLINK_FIRST_READ: usize = 16 * 1024;
+/// A read that fills less than this share of its buffer is copied out, so
+/// queued frames never pin much more memory than the bytes they carry.
+const SHORT_READ_SHARE: usize = 4;
 
 /// Local socket → DATA frames, as fast as the peer's credit and the
 /// stream's send queue allow.
-pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, mut rd: OwnedReadHalf) {
+pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: OwnedReadHalf) {
     let mut buf = BytesMut::new();
+    // Capacity of `buf`'s allocation when it was made.
+    let mut alloc = 0;
+    let mut size = UPLINK_FIRST_READ;
     loop {
         let (remote, n, max_packet) = loop {
-            let wake = {
+            {
                 let mut guard = shared.lock();
                 let st = &mut *guard;
                 if st.dead.is_some() {
@@ -48,126 +57,115 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, mut rd: OwnedReadHalf) 
                 if e.credit.available() == 0 {
                     e.credit_stalls += 1;
                 }
-                e.wake.clone()
-            };
-            wake.notified().await;
+            }
+            io.up.notified().await;
         };
-        if buf.capacity() < n {
+        // Readiness first: an idle socket holds no buffer.
+        if buf.capacity() == 0 {
+            if let Err(err) = rd.readable().await {
+                return fail(&shared, id, err);
+            }
             // A fresh buffer, never a grown one: growing a uniquely owned
             // buffer reallocates and copies everything already sent out of
             // it (seen at 4.5 % of the relay's CPU).
-            buf = BytesMut::with_capacity(UPLINK_READ.max(n));
+            buf = BytesMut::with_capacity(size.min(n));
+            alloc = buf.capacity();
         }
-        let r = (&mut rd).take(n as u64).read_buf(&mut buf).await;
+        let offered = buf.capacity().min(n);
+        let k = match rd.try_read_buf(&mut (&mut buf).limit(n)) {
+            Ok(k) => k,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Drained: let go of the buffer until data comes again.
+                buf = BytesMut::new();
+                size = UPLINK_FIRST_READ;
+                continue;
+            }
+            Err(err) => return fail(&shared, id, err),
+        };
+        if k == offered {
+            size = (size * 2).min(UPLINK_READ);
+        }
+        let data = if k * SHORT_READ_SHARE < alloc {
+            // A short read: copy it out and keep the buffer for the next.
+            let d = Bytes::copy_from_slice(&buf[..k]);
+            buf.clear();
+            d
+        } else {
+            buf.split().freeze()
+        };
+        if buf.capacity() * SHORT_READ_SHARE < alloc {
+            // What is left could only take short reads: start afresh.
+            buf = BytesMut::new();
+        }
         let mut guard = shared.lock();
         let st = &mut *guard;
-        match r {
-            Ok(0) => {
-                let Some(e) = st.streams.get_mut(&id) else {
-                    return;
-                };
-                if e.close_sent {
-                    return;
-                }
-                e.eof_sent = true;
-                let remote = e.remote;
-                shared.send_stream_control(st, id, Frame::Eof { recipient: remote });
-                shared.finish_if_done(st, id);
-                drop(guard);
-                shared.wake_writer.notify_one();
-                return;
-            }
-            Ok(k) => {
-                let Some(e) = st.streams.get_mut(&id) else {
-                    return;
-                };
-                if e.close_sent {
-                    return;
-                }
-                e.credit.take(k);
-                e.tx_bytes += k as u64;
-                let mut data = buf.split().freeze();
-                while !data.is_empty() {
-                    let piece = data.split_to(data.len().min(max_packet));
-                    let mut head = [0u8; DATA_HEADER_LEN];
-                    write_data_header(&mut head, remote, piece.len());
-                    st.data.push(id, OutFrame::data(head, piece));
-                }
-                drop(guard);
-                shared.wake_writer.notify_one();
-            }
-            Err(err) => {
-                tracing::debug!(stream = id, "local read failed: {err}");
-                shared.abort_stream(st, id);
-                return;
-            }
+        let Some(e) = st.streams.get_mut(&id) else {
+            return;
+        };
+        if e.close_sent {
+            return;
         }
+        if k == 0 {
+            e.eof_sent = true;
+            let remote = e.remote;
+            shared.send_stream_control(st, id, Frame::Eof { recipient: remote });
+            shared.finish_if_done(st, id);
+            drop(guard);
+            shared.wake_writer.notify_one();
+            return;
+        }
+        e.credit.take(k);
+        e.tx_bytes += k as u64;
+        let mut data = data;
+        while !data.is_empty() {
+            let piece = data.split_to(data.len().min(max_packet));
+            let mut head = [0u8; DATA_HEADER_LEN];
+            write_data_header(&mut head, remote, piece.len());
+            st.data.push(id, OutFrame::data(head, piece));
+        }
+        drop(guard);
+        shared.wake_writer.notify_one();
     }
 }
+
+fn fail(shared: &Shared, id: u32, err: io::Error) {
+    tracing::debug!(stream = id, "local socket failed: {err}");
+    let mut st = shared.lock();
+    shared.abort_stream(&mut st, id);
+}
+
+/// Buffers handed to one vectored write towards a local socket.
+const MAX_WRITE_IOV: usize = 64;
 
 /// Inbound DATA → local socket; credit goes back only for written bytes.
 pub(crate) async fn downlink(
     shared: Arc<Shared>,
     id: u32,
+    io: Arc<StreamIo>,
     mut wr: OwnedWriteHalf,
-    mut rx: mpsc::UnboundedReceiver<Inbound>,
 ) {
-    let mut pending: Vec<Bytes> = Vec::new();
-    let mut eof = false;
+    let mut pending: Vec<Part> = Vec::new();
     loop {
-        // Take everything queued, so one vectored write carries it.
-        match rx.recv().await {
-            Some(Inbound::Data(b)) => pending.push(b),
-            Some(Inbound::Eof) => eof = true,
-            None => return,
-        }
-        while !eof && pending.len() < MAX_WRITE_IOV {
-            match rx.try_recv() {
-                Ok(Inbound::Data(b)) => pending.push(b),
-                Ok(Inbound::Eof) => eof = true,
-                Err(_) => break,
-            }
-        }
-        if !pending.is_empty() {
-            let total: usize = pending.iter().map(|b| b.len()).sum();
-            if let Err(err) = write_all_vec(&mut wr, &mut pending).await {
-                tracing::debug!(stream = id, "local write failed: {err}");
-                let mut st = shared.lock();
-                shared.abort_stream(&mut st, id);
+        let (eof, closed) = {
+            let mut ib = io.inbox();
+            ib.q.take(&mut pending, MAX_WRITE_IOV);
+            (ib.q.eof && ib.q.is_empty(), ib.closed && ib.q.is_empty())
+        };
+        if pending.is_empty() && !eof {
+            if closed {
                 return;
             }
-            let wake = {
-                let mut wake = false;
-                let mut guard = shared.lock();
-                let st = &mut *guard;
-                if let Some(e) = st.streams.get_mut(&id) {
-                    e.rx_bytes += total as u64;
-                    let before = e.recv.size();
-                    let budget = &mut st.budget;
-                    let credit = e.recv.on_delivered(
-                        total,
-                        shared.now_ns(),
-                        shared.window_rtt_ns(),
-                        |extra| budget.try_reserve(extra as u64),
-                    );
-                    e.reserved += (e.recv.size() - before) as u64;
-                    if let (Some(increment), false) = (credit, e.close_sent) {
-                        let remote = e.remote;
-                        shared.send_control(
-                            st,
-                            Frame::WindowAdjust {
-                                recipient: remote,
-                                increment,
-                            },
-                        );
-                        wake = true;
-                    }
-                }
-                wake
-            };
-            if wake {
-                shared.wake_writer.notify_one();
+            io.down.notified().await;
+            continue;
+        }
+        if !pending.is_empty() {
+            let total: usize = pending.iter().map(|p| p.data.len()).sum();
+            if let Err(err) = write_parts(&mut wr, &mut pending, &io).await {
+                return fail(&shared, id, err);
             }
+            // Release the vector's buffer: an idle stream keeps nothing.
+            pending = Vec::new();
+            credit_delivered(&shared, id, total);
         }
         if eof {
             let _ = wr.shutdown().await;
@@ -180,41 +178,93 @@ pub(crate) async fn downlink(
                 shared.finish_if_done(st, id);
             }
             shared.wake_writer.notify_one();
-            // Nothing may follow EOF; keep the channel open until CLOSE drops it.
-            while rx.recv().await.is_some() {}
+            // Nothing may follow EOF (the reader checks it).
             return;
         }
     }
 }
 
-/// Buffers handed to one vectored write towards a local socket.
-const MAX_WRITE_IOV: usize = 64;
+/// Accounts bytes written to the local socket; returns credit to the peer
+/// when the window says it is time.
+fn credit_delivered(shared: &Shared, id: u32, total: usize) {
+    let mut guard = shared.lock();
+    let st = &mut *guard;
+    let Some(e) = st.streams.get_mut(&id) else {
+        return;
+    };
+    e.rx_bytes += total as u64;
+    let before = e.recv.size();
+    let budget = &mut st.budget;
+    let credit = e
+        .recv
+        .on_delivered(total, shared.now_ns(), shared.window_rtt_ns(), |extra| {
+            budget.try_reserve(extra as u64)
+        });
+    e.reserved += (e.recv.size() - before) as u64;
+    if let (Some(increment), false) = (credit, e.close_sent) {
+        let remote = e.remote;
+        shared.send_control(
+            st,
+            Frame::WindowAdjust {
+                recipient: remote,
+                increment,
+            },
+        );
+        drop(guard);
+        shared.wake_writer.notify_one();
+    }
+}
 
-async fn write_all_vec(wr: &mut OwnedWriteHalf, bufs: &mut Vec<Bytes>) -> std::io::Result<()> {
+/// Writes every part. When the socket is full, the stream is marked blocked
+/// and what it holds is compacted, so that a consumer that stops reading
+/// keeps only its own bytes in memory, not the carrier buffers they came in.
+async fn write_parts(
+    wr: &mut OwnedWriteHalf,
+    parts: &mut Vec<Part>,
+    io: &StreamIo,
+) -> io::Result<()> {
     let mut start = 0;
-    while start < bufs.len() {
-        let n = {
-            let slices: Vec<std::io::IoSlice<'_>> = bufs[start..]
+    let mut blocked = false;
+    while start < parts.len() {
+        let r = {
+            let slices: Vec<IoSlice<'_>> = parts[start..]
                 .iter()
-                .map(|b| std::io::IoSlice::new(b))
+                .map(|p| IoSlice::new(&p.data))
                 .collect();
-            wr.write_vectored(&slices).await?
+            wr.try_write_vectored(&slices)
         };
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        let mut left = n;
-        while left > 0 && start < bufs.len() {
-            let b = &mut bufs[start];
-            if b.len() <= left {
-                left -= b.len();
-                start += 1;
-            } else {
-                bytes::Buf::advance(b, left);
-                left = 0;
+        match r {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(mut left) => {
+                while left > 0 && start < parts.len() {
+                    let d = &mut parts[start].data;
+                    if d.len() <= left {
+                        left -= d.len();
+                        start += 1;
+                    } else {
+                        d.advance(left);
+                        left = 0;
+                    }
+                }
             }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if !blocked {
+                    blocked = true;
+                    parts.drain(..start);
+                    start = 0;
+                    compact_parts(parts);
+                    let mut ib = io.inbox();
+                    ib.blocked = true;
+                    ib.q.compact();
+                }
+                wr.writable().await?;
+            }
+            Err(e) => return Err(e),
         }
     }
-    bufs.clear();
+    if blocked {
+        io.inbox().blocked = false;
+    }
+    parts.clear();
     Ok(())
 }

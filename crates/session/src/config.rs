@@ -1,0 +1,155 @@
+//! A session's public types: configuration, errors, the acceptor trait.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::time::Duration;
+
+use longhaul_proto::frame::Reason;
+use longhaul_proto::handshake;
+use longhaul_proto::window::WindowConfig;
+use tokio::net::TcpStream;
+
+use crate::handle::SessionHandle;
+
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Framing on the carrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// longhaul's own: a hello, then JMUX messages plus extensions.
+    Native,
+    /// Plain JMUX, no hello, no extensions: interoperates with jetsocat.
+    Jmux,
+}
+
+/// Session limits and tuning. Every queue a session keeps is bounded by one
+/// of these.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    pub mode: Mode,
+    /// Receive windows: initial size and per-stream cap.
+    pub window: WindowConfig,
+    /// Sum of all receive windows of the session (bytes the peer may have in
+    /// flight towards us). Default 512 MiB.
+    pub budget: u64,
+    /// Streams open at once, including ones still connecting. Default 16 384.
+    pub max_streams: usize,
+    /// Largest frame we accept (≤ 65535).
+    pub max_frame: u16,
+    /// Bytes read from one local socket and waiting for the carrier.
+    /// Default 512 KiB.
+    pub send_queue: usize,
+    /// Bytes of control messages waiting for the carrier before the peer is
+    /// judged to be flooding us without reading. Default 4 MiB.
+    pub control_limit: usize,
+    /// PING interval in native mode. Default 10 s.
+    pub keepalive: Duration,
+    /// Nothing heard for this long: the peer is dead. Default 45 s.
+    pub dead_after: Duration,
+    /// Time allowed for the hello. Default 10 s.
+    pub handshake_timeout: Duration,
+    /// Time allowed for an OPEN to be answered. Default 30 s.
+    pub open_timeout: Duration,
+    /// Close the session after this long with no stream open and no data
+    /// moving. Default: never (a client has no reconnect yet, so an idle
+    /// `-L` would otherwise be cut).
+    pub idle_timeout: Option<Duration>,
+    /// Lower bound on the RTT used to decide window growth, so that windows
+    /// still grow on sub-millisecond paths where the pipeline, not the wire,
+    /// holds the bytes in flight. Default 1 ms.
+    pub rtt_floor: Duration,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            mode: Mode::Native,
+            window: WindowConfig::default(),
+            budget: 512 * 1024 * 1024,
+            max_streams: 16_384,
+            max_frame: u16::MAX,
+            send_queue: 512 * 1024,
+            control_limit: 4 * 1024 * 1024,
+            keepalive: Duration::from_secs(10),
+            dead_after: Duration::from_secs(45),
+            handshake_timeout: Duration::from_secs(10),
+            open_timeout: Duration::from_secs(30),
+            idle_timeout: None,
+            rtt_floor: Duration::from_millis(1),
+        }
+    }
+}
+
+/// Why a stream (or a reverse bind) could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenRefused {
+    pub reason: Reason,
+    pub description: String,
+}
+
+impl OpenRefused {
+    pub fn new(reason: Reason, description: impl Into<String>) -> OpenRefused {
+        OpenRefused {
+            reason,
+            description: description.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for OpenRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.description.is_empty() {
+            write!(f, "{}", self.reason)
+        } else {
+            write!(f, "{}: {}", self.reason, self.description)
+        }
+    }
+}
+
+impl std::error::Error for OpenRefused {}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("carrier I/O failed during the hello: {0}")]
+    Io(#[from] io::Error),
+    #[error("{0}")]
+    Hello(#[from] handshake::HelloError),
+    #[error("peer did not complete the hello within {0:?}")]
+    HelloTimeout(Duration),
+}
+
+/// What a session does when the peer opens a stream or asks for a reverse
+/// listener. The server answers with its allow rules; the client allows only
+/// the targets of its own `-R` forwards.
+pub trait Acceptor: Send + Sync + 'static {
+    /// Connects to `dest` (`tcp://host:port`) for a stream the peer opened.
+    fn connect(&self, dest: String) -> BoxFuture<Result<TcpStream, OpenRefused>>;
+
+    /// Starts listening on `bind` and opening streams to `dest` through
+    /// `session` for every accepted connection. Returns the bound port.
+    fn bind(
+        &self,
+        bind: String,
+        dest: String,
+        session: SessionHandle,
+    ) -> BoxFuture<Result<u16, OpenRefused>> {
+        let _ = (bind, dest, session);
+        Box::pin(async {
+            Err(OpenRefused::new(
+                Reason::NOT_ALLOWED,
+                "reverse forwards are not accepted here",
+            ))
+        })
+    }
+}
+
+/// A snapshot of a session's counters.
+#[derive(Debug, Clone, Default)]
+pub struct SessionStats {
+    pub streams: usize,
+    pub budget_used: u64,
+    pub rtt: Duration,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}

@@ -1,0 +1,132 @@
+//! The carrier reader: decodes frames and hands each to the session core.
+//!
+//! DATA payloads leave as slices of the reader's buffer (no copy), and a
+//! slice keeps its whole buffer alive. So the reader counts the buffers it
+//! has retired that are still held by someone ([`Pins`]); past a fixed
+//! allowance it stops handing out slices (payloads are copied) until enough
+//! of them have been let go. Together with the inbound queues' own rule (a
+//! stalled stream holds copies, not slices), the memory the carrier's
+//! buffers take is bounded whatever frames the peer sends.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use longhaul_carrier::BoxRead;
+use longhaul_proto::frame::{self, DecodeLimits};
+use tokio::io::AsyncReadExt;
+
+use crate::runtime::Shared;
+
+/// Carrier read buffer size.
+pub(crate) const READ_CHUNK: usize = 512 * 1024;
+/// Retired read buffers that may stay alive through slices before payloads
+/// are copied instead: 16 × 512 KiB = 8 MiB per session.
+pub(crate) const MAX_PINNED_CHUNKS: usize = 16;
+
+/// Retired read buffers still referenced by queued payloads.
+#[derive(Default)]
+struct Pins {
+    /// A zero-length slice of each retired buffer: it is the only reference
+    /// left once every payload cut from that buffer is gone.
+    retired: VecDeque<Bytes>,
+}
+
+impl Pins {
+    fn retire(&mut self, sentinel: Bytes) {
+        self.retired.push_back(sentinel);
+        self.prune();
+    }
+
+    fn prune(&mut self) {
+        self.retired.retain(|b| !b.is_unique());
+    }
+
+    /// Whether payloads may still be handed out as slices.
+    fn may_slice(&mut self) -> bool {
+        if self.retired.len() >= MAX_PINNED_CHUNKS {
+            self.prune();
+        }
+        self.retired.len() < MAX_PINNED_CHUNKS
+    }
+}
+
+/// A fresh read buffer holding `carry` (an unfinished frame), and its sentinel.
+fn fresh_buffer(carry: &[u8]) -> (BytesMut, Bytes) {
+    let mut b = BytesMut::with_capacity(READ_CHUNK + carry.len());
+    let sentinel = b.split_to(0).freeze();
+    b.extend_from_slice(carry);
+    (b, sentinel)
+}
+
+pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, limits: DecodeLimits) {
+    let (mut buf, mut sentinel) = fresh_buffer(&[]);
+    let mut pins = Pins::default();
+    loop {
+        let may_slice = pins.may_slice();
+        loop {
+            match frame::decode(&mut buf, limits) {
+                Ok(Some(f)) => {
+                    if let Err(why) = shared.on_frame(f, may_slice) {
+                        tracing::warn!(peer = %shared.peer, "closing session: {why}");
+                        shared.close(why);
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let why = format!("malformed frame from peer: {e}");
+                    tracing::warn!(peer = %shared.peer, "closing session: {why}");
+                    shared.close(why);
+                    return;
+                }
+            }
+        }
+        if buf.capacity() - buf.len() < frame::MAX_FRAME_LEN {
+            // Start a fresh buffer holding only the unfinished frame at the
+            // tail (< 64 KiB); growing the old one would copy the frames
+            // already handed out of it as well.
+            let (b, s) = fresh_buffer(&buf);
+            buf = b;
+            pins.retire(std::mem::replace(&mut sentinel, s));
+        }
+        match r.read_buf(&mut buf).await {
+            Ok(0) => {
+                tracing::info!(peer = %shared.peer, "carrier closed by peer");
+                shared.close("carrier closed by peer".into());
+                return;
+            }
+            Ok(_) => shared.last_rx_ns.store(shared.now_ns(), Ordering::Relaxed),
+            Err(e) => {
+                tracing::info!(peer = %shared.peer, "carrier read failed: {e}");
+                shared.close(format!("carrier read failed: {e}"));
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retired_buffer_counts_until_its_last_slice_is_gone() {
+        let mut pins = Pins::default();
+        let mut held = vec![];
+        for _ in 0..MAX_PINNED_CHUNKS {
+            let (mut b, s) = fresh_buffer(b"abc");
+            held.push(b.split_to(1).freeze());
+            drop(b);
+            pins.retire(s);
+        }
+        assert!(!pins.may_slice());
+        held.pop();
+        assert!(pins.may_slice());
+        let (b, s) = fresh_buffer(&[]);
+        drop(b);
+        pins.retire(s);
+        assert_eq!(pins.retired.len(), MAX_PINNED_CHUNKS - 1);
+    }
+}

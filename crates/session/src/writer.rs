@@ -1,0 +1,270 @@
+//! The carrier writer: the only task that writes to the carrier.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::sync::Arc;
+
+use longhaul_carrier::{BoxWrite, UrgentSend};
+use tokio::io::AsyncWriteExt;
+
+use crate::outframe::OutFrame;
+use crate::runtime::{Shared, StreamIo};
+
+/// Largest batch the writer hands to one vectored write.
+const WRITE_BATCH_BYTES: usize = 1024 * 1024;
+/// Batch size while the carrier is backed up (its last write was partial):
+/// frames taken out of the scheduler can no longer be overtaken, so take
+/// only what is about to fit.
+const BACKLOG_BATCH_BYTES: usize = 64 * 1024;
+/// Largest number of buffers in one vectored write (well under IOV_MAX).
+const MAX_IOV: usize = 64;
+
+pub(crate) async fn carrier_writer(
+    shared: Arc<Shared>,
+    mut w: BoxWrite,
+    urgent: Option<Box<dyn UrgentSend>>,
+) {
+    let mut batch: VecDeque<OutFrame> = VecDeque::with_capacity(MAX_IOV);
+    let mut touched: Vec<u32> = Vec::with_capacity(MAX_IOV);
+    let mut wakes: Vec<Arc<StreamIo>> = Vec::with_capacity(MAX_IOV);
+    let mut backed_up = false;
+    let mut drained;
+    let mut dirty = false;
+    loop {
+        {
+            let mut guard = shared.lock();
+            let st = &mut *guard;
+            if let Some(why) = st.dead.clone() {
+                drop(guard);
+                shared.close(why);
+                break;
+            }
+            while let Some(f) = st.control.pop_front() {
+                st.control_bytes -= f.len();
+                batch.push_back(OutFrame::encoded(f));
+            }
+            let mut bytes = 0;
+            let limit = if backed_up {
+                BACKLOG_BATCH_BYTES
+            } else {
+                WRITE_BATCH_BYTES
+            };
+            // Two iovecs per DATA frame (header, payload).
+            while bytes < limit && batch.len() < MAX_IOV / 2 {
+                let Some((id, f)) = st.data.pop() else { break };
+                bytes += f.remaining();
+                batch.push_back(f);
+                if !touched.contains(&id) {
+                    touched.push(id);
+                }
+            }
+            st.bytes_sent += bytes as u64;
+            drained = st.data.is_empty();
+            if drained && batch.is_empty() && !dirty {
+                if let Some(why) = st.goodbye.clone() {
+                    // Shutting down, and every CLOSE has been written.
+                    drop(guard);
+                    shared.close(why);
+                    break;
+                }
+            }
+            for id in touched.drain(..) {
+                if let Some(e) = st.streams.get(&id) {
+                    wakes.push(e.io.clone());
+                }
+            }
+        }
+        for n in wakes.drain(..) {
+            n.up.notify_one();
+        }
+        if batch.is_empty() {
+            if dirty {
+                // TLS and WebSocket carriers keep bytes in their own
+                // buffers until flushed; flush whenever the queue runs dry,
+                // but let new work interrupt (a flush may wait on a full
+                // socket, and is resumed the next time round).
+                tokio::select! {
+                    r = w.flush() => match r {
+                        Ok(()) => dirty = false,
+                        Err(e) => {
+                            tracing::info!(peer = %shared.peer, "carrier flush failed: {e}");
+                            shared.close(format!("carrier write failed: {e}"));
+                            break;
+                        }
+                    },
+                    _ = shared.wake_writer.notified() => {}
+                }
+                continue;
+            }
+            shared.wake_writer.notified().await;
+            continue;
+        }
+        dirty = true;
+        match write_batch(&shared, &mut w, urgent.as_deref(), &mut batch).await {
+            // Backed up once the carrier takes less than offered; caught up
+            // again only when the scheduler has run dry.
+            Ok(partial) => backed_up = partial || (backed_up && !drained),
+            Err(e) => {
+                tracing::info!(peer = %shared.peer, "carrier write failed: {e}");
+                shared.close(format!("carrier write failed: {e}"));
+                break;
+            }
+        }
+    }
+    let _ = w.shutdown().await;
+}
+
+/// What ended one wait of the writer.
+enum Step {
+    Wrote(usize),
+    /// Something was queued while the carrier was full.
+    Woken,
+    /// Time to try the stuck urgent frames again.
+    Retry,
+}
+
+/// While urgent frames wait at the front of a full carrier, how often a
+/// direct send is retried. Armed only then: ordinary data never waits on it.
+const URGENT_RETRY: std::time::Duration = std::time::Duration::from_millis(1);
+
+fn iovecs(batch: &VecDeque<OutFrame>, upto: usize) -> Vec<IoSlice<'_>> {
+    let mut slices = Vec::with_capacity(MAX_IOV);
+    for f in batch.iter().take(upto) {
+        if slices.len() + 2 > MAX_IOV {
+            break;
+        }
+        let h = f.head();
+        if !h.is_empty() {
+            slices.push(IoSlice::new(h));
+        }
+        if !f.body.is_empty() {
+            slices.push(IoSlice::new(&f.body));
+        }
+    }
+    slices
+}
+
+fn advance(batch: &mut VecDeque<OutFrame>, mut n: usize) {
+    while n > 0 {
+        let Some(front) = batch.front_mut() else {
+            break;
+        };
+        n = front.advance(n);
+        if front.remaining() == 0 {
+            batch.pop_front();
+        }
+    }
+}
+
+/// Moves urgent frames (the control lane, and streams that just became
+/// active) to right behind the frame being written. Returns how many
+/// frames now lead the batch and may go out in a direct send.
+///
+/// Order within a stream is never changed: a frame only moves if no frame
+/// of its stream is already in the batch; the first one that cannot move
+/// stops the pulling, so the control lane stays first in, first out, and
+/// DATA moves only once the control lane is empty.
+fn pull_urgent(shared: &Shared, batch: &mut VecDeque<OutFrame>) -> usize {
+    let mut urgent: Vec<OutFrame> = Vec::new();
+    let mut wakes: Vec<Arc<StreamIo>> = Vec::new();
+    let in_batch = |r: Option<u32>| r.is_some_and(|r| batch.iter().any(|f| f.recipient == Some(r)));
+    {
+        let mut guard = shared.lock();
+        let st = &mut *guard;
+        while let Some(f) = st.control.front() {
+            if in_batch(crate::outframe::stream_recipient(f)) {
+                break;
+            }
+            let Some(f) = st.control.pop_front() else {
+                break;
+            };
+            st.control_bytes -= f.len();
+            urgent.push(OutFrame::encoded(f));
+        }
+        // DATA may only follow the whole control lane: an OPEN_SUCCESS still
+        // waiting there must reach the peer before its stream's first DATA.
+        while st.control.is_empty() && urgent.len() < MAX_IOV / 4 {
+            let Some((id, f)) = st.data.pop_new_if(|f| !in_batch(f.recipient)) else {
+                break;
+            };
+            st.bytes_sent += f.remaining() as u64;
+            urgent.push(f);
+            if let Some(e) = st.streams.get(&id) {
+                wakes.push(e.io.clone());
+            }
+        }
+    }
+    for n in wakes {
+        n.up.notify_one();
+    }
+    if urgent.is_empty() {
+        return 0;
+    }
+    let at = usize::from(batch.front().is_some_and(|f| f.started));
+    let count = urgent.len();
+    for (i, f) in urgent.into_iter().enumerate() {
+        batch.insert(at + i, f);
+    }
+    at + count
+}
+
+/// Writes the whole batch; returns whether the carrier pushed back (some
+/// write took less than offered). While the carrier is full, urgent frames
+/// queued meanwhile are moved forward and sent directly, without waiting
+/// for the runtime to see the socket writable again.
+async fn write_batch(
+    shared: &Shared,
+    w: &mut BoxWrite,
+    urgent: Option<&dyn UrgentSend>,
+    batch: &mut VecDeque<OutFrame>,
+) -> io::Result<bool> {
+    let mut partial = false;
+    // Leading frames of the batch that are urgent and not yet fully sent.
+    let mut stuck = 0usize;
+    while !batch.is_empty() {
+        let step = {
+            let slices = iovecs(batch, usize::MAX);
+            match urgent {
+                None => Step::Wrote(w.write_vectored(&slices).await?),
+                Some(_) => {
+                    tokio::select! {
+                        r = w.write_vectored(&slices) => Step::Wrote(r?),
+                        _ = shared.wake_writer.notified() => Step::Woken,
+                        _ = tokio::time::sleep(URGENT_RETRY), if stuck > 0 => Step::Retry,
+                    }
+                }
+            }
+        };
+        match step {
+            Step::Wrote(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Step::Wrote(n) => {
+                advance(batch, n);
+                stuck = 0;
+            }
+            Step::Woken | Step::Retry => {
+                let pulled = pull_urgent(shared, batch);
+                let lead = pulled.max(stuck.min(batch.len()));
+                if let (Some(u), true) = (urgent, lead > 0) {
+                    let before = batch.len();
+                    let sent = u.try_send(&iovecs(batch, lead));
+                    match sent {
+                        Ok(n) => advance(batch, n),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
+                    }
+                    // Frames fully sent left the batch; the rest stay stuck.
+                    stuck = lead.saturating_sub(before - batch.len());
+                }
+                // Wakes from bulk pushes find nothing urgent and just wait
+                // again; the outer loop looks at the queues before it sleeps,
+                // so consuming the wake here loses no work.
+                if shared.lock().dead.is_some() {
+                    return Err(io::Error::other("session closed"));
+                }
+                continue;
+            }
+        }
+        partial |= !batch.is_empty();
+    }
+    Ok(partial)
+}
