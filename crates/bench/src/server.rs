@@ -12,10 +12,8 @@ const BLOCK: usize = 128 * 1024;
 /// Serves bench clients until dropped.
 pub async fn run(listener: TcpListener, buffer: Option<u32>) {
     loop {
-        let Ok((sock, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
+        let (sock, _) =
+            longhaul_carrier::accept_with_backoff(&listener, "the bench listener").await;
         if let Some(b) = buffer {
             let s = socket2::SockRef::from(&sock);
             let _ = s.set_send_buffer_size(b as usize);

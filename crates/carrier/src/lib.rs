@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
+mod accept;
 pub mod dial;
 pub mod keys;
 mod sockopt;
@@ -19,6 +20,7 @@ pub mod tls;
 pub mod url;
 pub mod ws;
 
+pub use accept::accept_with_backoff;
 pub use dial::{accept, dial, stdio, DialOptions};
 pub use keys::{Fingerprint, Identity};
 pub use sockopt::{set_notsent_lowat, tcp_path, tcp_rtt, TcpPath};

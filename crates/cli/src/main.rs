@@ -208,11 +208,26 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     for l in server.listening() {
         tracing::info!("listening on {l}");
     }
-    tokio::select! {
-        _ = server.run() => {}
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
-    }
+    server.run_until(stop_signal()).await;
     Ok(())
+}
+
+/// Ctrl-C or SIGTERM (what `kill` and service managers send).
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            tracing::info!("stop signal received");
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+    tracing::info!("stop signal received");
 }
 
 async fn client(a: args::ClientArgs) -> anyhow::Result<()> {

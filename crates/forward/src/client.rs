@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context};
 use longhaul_carrier::tls::PinVerifier;
-use longhaul_carrier::{bind_listener, CarrierUrl, DialOptions, Fingerprint, Identity, Transport};
+use longhaul_carrier::{
+    accept_with_backoff, bind_listener, CarrierUrl, DialOptions, Fingerprint, Identity, Transport,
+};
 use longhaul_proto::frame::{format_dest, parse_dest};
 use longhaul_proto::Reason;
 use longhaul_session::{Acceptor, BoxFuture, OpenRefused, Session, SessionConfig, SessionHandle};
@@ -184,18 +186,15 @@ enum Kind {
 }
 
 async fn accept_loop(listener: TcpListener, kind: Kind, session: SessionHandle) {
+    let what = match &kind {
+        Kind::Local(dest) => format!("-L to {dest}"),
+        Kind::Socks => "-D".into(),
+        Kind::Http => "--http-proxy".into(),
+    };
     loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
+        let (sock, from) = tokio::select! {
+            a = accept_with_backoff(&listener, &what) => a,
             _ = session.closed() => return,
-        };
-        let (sock, from) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
         };
         let session = session.clone();
         match &kind {

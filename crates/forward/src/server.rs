@@ -1,11 +1,14 @@
 //! `longhaul server`: accepts carriers, connects allowed targets, opens
 //! allowed reverse listeners.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use longhaul_carrier::{bind_listener, Carrier, Identity, ListenUrl, Transport};
+use longhaul_carrier::{
+    accept_with_backoff, bind_listener, Carrier, Identity, ListenUrl, Transport,
+};
 use longhaul_proto::Reason;
 use longhaul_session::{Acceptor, BoxFuture, OpenRefused, Session, SessionConfig, SessionHandle};
 use tokio::net::{TcpListener, TcpStream};
@@ -198,12 +201,12 @@ impl Acceptor for ServerAcceptor {
 
 /// Accepts on a reverse-forward listener until the session ends.
 async fn reverse_accept_loop(listener: TcpListener, dest: String, session: SessionHandle) {
+    let what = format!("reverse forward to {dest}");
     loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
+        let (sock, from) = tokio::select! {
+            a = accept_with_backoff(&listener, &what) => a,
             _ = session.closed() => return,
         };
-        let Ok((sock, from)) = accepted else { continue };
         let session = session.clone();
         let dest = dest.clone();
         tokio::spawn(async move {
@@ -263,8 +266,17 @@ impl Server {
 
     /// Serves carriers until the task is dropped.
     pub async fn run(self) {
+        self.run_until(std::future::pending()).await
+    }
+
+    /// Serves carriers until `stop` completes, then shuts down gracefully:
+    /// stops accepting, sends CLOSE for every stream of every session and
+    /// ends each carrier once that is written, all within
+    /// [`SHUTDOWN_GRACE`], whatever the peers do.
+    pub async fn run_until(self, stop: impl std::future::Future<Output = ()>) {
         let slots = Arc::new(Semaphore::new(self.config.max_sessions));
         let config = Arc::new(self.config);
+        let live = Live::default();
         let mut tasks = tokio::task::JoinSet::new();
         for (listener, url) in self.listeners {
             let use_tls = config.uses_tls(&url.transport);
@@ -275,9 +287,22 @@ impl Server {
                 tls,
                 config.clone(),
                 slots.clone(),
+                live.clone(),
             ));
         }
-        while tasks.join_next().await.is_some() {}
+        tokio::select! {
+            _ = async { while tasks.join_next().await.is_some() {} } => return,
+            _ = stop => {}
+        }
+        // Listeners close with their tasks: nothing new gets in.
+        tasks.shutdown().await;
+        let sessions = live.drain();
+        tracing::info!("shutting down: closing {} session(s)", sessions.len());
+        let mut closing = tokio::task::JoinSet::new();
+        for h in sessions {
+            closing.spawn(async move { h.shutdown("server shutting down", SHUTDOWN_GRACE).await });
+        }
+        while closing.join_next().await.is_some() {}
     }
 
     /// Serves one session on this process's stdin/stdout (`--stdio`). The
@@ -285,7 +310,37 @@ impl Server {
     /// peer, so keys and tokens are not asked for.
     pub async fn serve_stdio(config: ServerConfig) -> Result<String, String> {
         let carrier = longhaul_carrier::stdio();
-        serve_carrier(carrier, None, "stdio".into(), Arc::new(config), true).await
+        serve_carrier(carrier, None, "stdio".into(), Arc::new(config), true, None).await
+    }
+}
+
+/// How long a shutting-down server waits for its sessions to close.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// The sessions a server is running, so that shutdown can close them.
+#[derive(Clone, Default)]
+struct Live(Arc<std::sync::Mutex<(u64, HashMap<u64, SessionHandle>)>>);
+
+impl Live {
+    fn add(&self, h: SessionHandle) -> u64 {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.0 += 1;
+        let id = g.0;
+        g.1.insert(id, h);
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .remove(&id);
+    }
+
+    fn drain(&self) -> Vec<SessionHandle> {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.1.drain().map(|(_, h)| h).collect()
     }
 }
 
@@ -295,17 +350,10 @@ async fn accept_loop(
     tls: Option<Arc<rustls::ServerConfig>>,
     config: Arc<ServerConfig>,
     slots: Arc<Semaphore>,
+    live: Live,
 ) {
     loop {
-        let (sock, from) = match listener.accept().await {
-            Ok(a) => a,
-            Err(e) => {
-                // EMFILE and friends: back off briefly rather than spin.
-                tracing::warn!("accept failed on {url}: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (sock, from) = accept_with_backoff(&listener, &url.to_string()).await;
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             tracing::warn!(%from, limit = config.max_sessions, "refusing carrier: session limit reached (--max-sessions)");
             continue;
@@ -313,6 +361,7 @@ async fn accept_loop(
         let config = config.clone();
         let tls = tls.clone();
         let transport = url.transport.clone();
+        let live = live.clone();
         tokio::spawn(async move {
             let _permit = permit;
             if let Some(cc) = &config.congestion {
@@ -333,7 +382,7 @@ async fn accept_loop(
                     return tracing::warn!(%from, "refused carrier: handshake not finished within {limit:?}")
                 }
             };
-            match serve_carrier(carrier, key, from.to_string(), config, false).await {
+            match serve_carrier(carrier, key, from.to_string(), config, false, Some(&live)).await {
                 Ok(why) => tracing::info!(%from, "session ended: {why}"),
                 Err(e) => tracing::warn!(%from, "{e}"),
             }
@@ -348,6 +397,7 @@ async fn serve_carrier(
     from: String,
     config: Arc<ServerConfig>,
     trusted: bool,
+    live: Option<&Live>,
 ) -> Result<String, String> {
     // Native clients send the preamble (even over a trusted pipe); JMUX
     // peers have none and can only authenticate by key.
@@ -377,7 +427,12 @@ async fn serve_carrier(
     match Session::start(carrier, config.session.clone(), acceptor).await {
         Ok(h) => {
             tracing::info!(%from, who = %who.who(), "session started");
-            Ok(h.closed().await)
+            let id = live.map(|l| l.add(h.clone()));
+            let why = h.closed().await;
+            if let (Some(l), Some(id)) = (live, id) {
+                l.remove(id);
+            }
+            Ok(why)
         }
         Err(e) => Err(format!("session refused: {e}")),
     }

@@ -488,3 +488,119 @@ async fn idle_sessions_are_closed_after_the_idle_timeout() {
     assert!(!why.is_empty());
     wait_log("no streams; --idle-timeout").await;
 }
+
+/// ESTABLISHED TCP connections whose local port is `port` (the server's
+/// side of its carriers), from the kernel's table.
+fn established_on(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let local_port = f[1].rsplit(':').next().unwrap();
+            u16::from_str_radix(local_port, 16).unwrap() == port && f[3] == "01"
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_peer_that_stops_reading_loses_its_carrier_once_the_session_closes() {
+    use longhaul_carrier::tls::PinVerifier;
+    use longhaul_carrier::DialOptions;
+    use longhaul_proto::frame::Frame;
+    use longhaul_proto::handshake::{Hello, HELLO_LEN};
+    logs();
+    let _dump = DumpLogsOnPanic;
+    let srv = token_server(
+        "tls://127.0.0.1:0",
+        SessionConfig {
+            control_limit: 64 * 1024,
+            ..SessionConfig::default()
+        },
+    )
+    .await;
+    let opts = DialOptions {
+        tls: Some(
+            longhaul_carrier::tls::client_config(None, PinVerifier::new(Some(srv.key))).unwrap(),
+        ),
+        congestion: None,
+    };
+    let url = format!("tls://{}", srv.addr).parse().unwrap();
+    let mut c = longhaul_carrier::dial(&url, &opts).await.unwrap();
+    let pre = longhaul_forward::auth::preamble(Some("tok")).unwrap();
+    c.writer.write_all(&pre).await.unwrap();
+    c.writer
+        .write_all(&Hello::ours(u16::MAX).encode())
+        .await
+        .unwrap();
+    c.writer.flush().await.unwrap();
+    let mut h = [0u8; HELLO_LEN];
+    c.reader.read_exact(&mut h).await.unwrap();
+    assert_eq!(established_on(srv.addr.port()), 1);
+    // A stream from a target that sends without end, and we stop reading:
+    // the server's writer blocks on the full socket.
+    let source = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let source_addr = source.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = source.accept().await {
+            tokio::spawn(async move {
+                let zeros = vec![0u8; 1 << 16];
+                while s.write_all(&zeros).await.is_ok() {}
+            });
+        }
+    });
+    let open = Frame::Open {
+        sender: 1,
+        window: u32::MAX,
+        max_packet: u16::MAX,
+        dest: format!("tcp://{source_addr}"),
+    };
+    c.writer.write_all(&open.to_bytes().unwrap()).await.unwrap();
+    c.writer.flush().await.unwrap();
+    let mut buf = bytes::BytesMut::new();
+    loop {
+        use longhaul_proto::frame::{decode, DecodeLimits};
+        if let Some(f) = decode(&mut buf, DecodeLimits::default()).unwrap() {
+            if matches!(f, Frame::OpenSuccess { .. }) {
+                break;
+            }
+            continue;
+        }
+        within(5, c.reader.read_buf(&mut buf)).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // PINGs without ever reading a PONG: the server's writer blocks on a
+    // full socket, its control lane overflows and the session is closed.
+    let mut pings = Vec::new();
+    for i in 0..4096u64 {
+        pings.extend_from_slice(&Frame::Ping { nonce: i }.to_bytes().unwrap());
+    }
+    let flood = async {
+        loop {
+            if c.writer.write_all(&pings).await.is_err() {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(20), async {
+        tokio::select! {
+            _ = flood => {}
+            _ = wait_log("peer is not reading its control messages") => {}
+        }
+    })
+    .await;
+    assert!(log_contains("peer is not reading its control messages"));
+    // The writer, stuck on the full socket, must be cancelled and the
+    // carrier dropped, not left behind the closed session.
+    let t = Instant::now();
+    while established_on(srv.addr.port()) > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(8),
+            "the server still holds the carrier {:?} after its session closed",
+            t.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(c);
+}

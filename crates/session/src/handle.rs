@@ -111,6 +111,7 @@ impl Session {
             st: Mutex::new(State::new(config.budget)),
             wake_writer: Notify::new(),
             closed_tx,
+            finished_tx: watch::channel(false).0,
             acceptor,
             started: Instant::now(),
             ping_rtt_ns: AtomicU64::new(0),
@@ -135,6 +136,7 @@ impl Session {
         let house = tokio::spawn(housekeeping(shared.clone(), carrier.probe));
         // When the session closes, stop the tasks that might be parked.
         let mut closed = shared.closed_tx.subscribe();
+        let finished = shared.finished_tx.clone();
         tokio::spawn(async move {
             let _ = closed.wait_for(|c| c.is_some()).await;
             reader.abort();
@@ -146,6 +148,7 @@ impl Session {
             if tokio::time::timeout(WRITER_GRACE, writer).await.is_err() {
                 abort.abort();
             }
+            finished.send_replace(true);
         });
         Ok(SessionHandle { shared })
     }
@@ -330,7 +333,9 @@ impl SessionHandle {
             }
         }
         sh.wake_writer.notify_one();
-        if tokio::time::timeout(grace, self.closed()).await.is_err() {
+        let mut finished = sh.finished_tx.subscribe();
+        let done = tokio::time::timeout(grace, finished.wait_for(|f| *f)).await;
+        if done.is_err() {
             sh.close(why.to_owned());
         }
     }

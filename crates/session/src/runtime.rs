@@ -153,6 +153,8 @@ pub(crate) struct Shared {
     pub st: Mutex<State>,
     pub wake_writer: Notify,
     pub closed_tx: watch::Sender<Option<String>>,
+    /// Set once the carrier writer has ended (the carrier is shut down).
+    pub finished_tx: watch::Sender<bool>,
     pub config: SessionConfig,
     pub acceptor: Arc<dyn Acceptor>,
     pub started: Instant,

@@ -69,7 +69,10 @@ async fn pair(config: SessionConfig) -> (SessionHandle, Peer) {
         let mut h = [0u8; HELLO_LEN];
         s.read_exact(&mut h).await.unwrap();
     };
-    let (h, ()) = tokio::join!(Session::start(carrier, config, Arc::new(Hanging)), peer_hello);
+    let (h, ()) = tokio::join!(
+        Session::start(carrier, config, Arc::new(Hanging)),
+        peer_hello
+    );
     (
         h.unwrap(),
         Peer {

@@ -1,0 +1,171 @@
+//! Server processes under signals and resource exhaustion.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// An echo target on a thread per connection.
+fn echo_target() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let mut b = [0u8; 4096];
+                while let Ok(n) = s.read(&mut b) {
+                    if n == 0 || s.write_all(&b[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+fn wait_exit(k: &mut Kill, secs: u64) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = k.0.try_wait().unwrap() {
+            return st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(secs),
+            "process did not exit within {secs} s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigterm_closes_live_sessions_and_the_server_exits_cleanly() {
+    let tport = echo_target();
+    let sport = free_port();
+    let lport = free_port();
+    let dir = tmpdir("sigterm");
+    let mut server = spawn_logged(
+        &[
+            "server",
+            "--listen",
+            &format!("tcp://127.0.0.1:{sport}"),
+            "--insecure",
+            "--allow",
+            &format!("127.0.0.1:{tport}"),
+        ],
+        &dir.join("server.log"),
+    );
+    wait_port(sport);
+    let mut client = spawn_logged(
+        &[
+            "client",
+            &format!("tcp://127.0.0.1:{sport}"),
+            "--insecure",
+            "-L",
+            &format!("{lport}:127.0.0.1:{tport}"),
+        ],
+        &dir.join("client.log"),
+    );
+    wait_port(lport);
+    // A live stream, in the middle of a conversation.
+    let mut s = TcpStream::connect(("127.0.0.1", lport)).unwrap();
+    s.write_all(b"hello").unwrap();
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"hello");
+
+    let t = Instant::now();
+    let ok = Command::new("kill")
+        .args(["-TERM", &server.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let st = wait_exit(&mut server, 5);
+    assert!(st.success(), "server exited with {st}");
+    // The stream was closed, not left hanging: EOF (or a reset) promptly.
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut rest = vec![];
+    match s.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) => assert!(
+            e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::TimedOut,
+            "the stream hung after the server stopped: {e}"
+        ),
+    }
+    // The client notices its session is gone and exits non-zero.
+    let cst = wait_exit(&mut client, 5);
+    assert!(!cst.success());
+    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
+    let log = std::fs::read_to_string(dir.join("server.log")).unwrap();
+    assert!(log.contains("closing 1 session"), "{log}");
+}
+
+#[test]
+fn a_reverse_forward_out_of_file_descriptors_does_not_spin() {
+    // The client's -R target: accepts and holds.
+    let target = TcpListener::bind("127.0.0.1:0").unwrap();
+    let tport = target.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = vec![];
+        for s in target.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    let sport = free_port();
+    let rport = free_port();
+    let dir = tmpdir("emfile");
+    // The server may hold only 64 descriptors.
+    let server = Kill(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ulimit -n 64 && exec {BIN} server --listen tcp://127.0.0.1:{sport} --insecure --allow-bind {rport}"
+            ))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("server.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(sport);
+    let _client = spawn_logged(
+        &[
+            "client",
+            &format!("tcp://127.0.0.1:{sport}"),
+            "--insecure",
+            "-R",
+            &format!("{rport}:127.0.0.1:{tport}"),
+        ],
+        &dir.join("client.log"),
+    );
+    wait_port(rport);
+    // Far more connections than the server has descriptors for.
+    let mut held = vec![];
+    for _ in 0..120 {
+        if let Ok(s) = TcpStream::connect(("127.0.0.1", rport)) {
+            held.push(s);
+        }
+    }
+    wait_until(10, "the server runs out of descriptors", || {
+        std::fs::read_to_string(dir.join("server.log"))
+            .unwrap()
+            .contains("accept failed")
+    });
+    let before = cpu_time(server.pid());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_time(server.pid()) - before;
+    assert!(
+        used < Duration::from_millis(400),
+        "server burnt {used:?} of CPU in 2 s while out of descriptors"
+    );
+    // Once descriptors are free again, it accepts again.
+    drop(held);
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut s = TcpStream::connect(("127.0.0.1", rport)).unwrap();
+    s.write_all(b"x").unwrap();
+}
