@@ -20,9 +20,11 @@ use crate::runtime::{Shared, StreamIo};
 /// Largest single read from a local socket; split into frames of at most
 /// the peer's maximum packet size without copying.
 const UPLINK_READ: usize = 256 * 1024;
-/// First read after the socket was idle: small, since an interactive
-/// stream's message is usually short; reads grow while they come back full.
-const UPLINK_FIRST_READ: usize = 16 * 1024;
+/// First read of a new stream; reads grow while they come back full, and a
+/// stream keeps its size across pauses (the buffer itself is released
+/// while the socket is idle, so the size costs nothing then), so a
+/// request/response stream reads each large message in one go.
+const UPLINK_FIRST_READ: usize = 64 * 1024;
 /// A read that fills less than this share of its buffer is copied out, so
 /// queued frames never pin much more memory than the bytes they carry.
 const SHORT_READ_SHARE: usize = 4;
@@ -77,7 +79,6 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: 
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 // Drained: let go of the buffer until data comes again.
                 buf = BytesMut::new();
-                size = UPLINK_FIRST_READ;
                 continue;
             }
             Err(err) => return fail(&shared, id, err),
