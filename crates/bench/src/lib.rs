@@ -10,6 +10,7 @@
 //! * mode 2 (download, `-R`): the server sends for the duration and closes;
 //! * mode 3 (request/response): repeated `size u32 | size bytes`, each
 //!   echoed back by the server.
+#![forbid(unsafe_code)]
 
 pub mod report;
 pub mod rr;

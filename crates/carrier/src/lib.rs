@@ -4,6 +4,8 @@
 //! and a write half, plus a way to ask the path's RTT. The multiplexer sees
 //! only [`Carrier`], so TLS, WebSocket, stdio, striped or folder carriers can
 //! be added without touching it.
+// `unsafe` only in the one module that needs it (system calls std lacks).
+#![deny(unsafe_code)]
 
 use std::io;
 use std::net::SocketAddr;
@@ -15,6 +17,7 @@ use tokio::net::TcpStream;
 mod accept;
 pub mod dial;
 pub mod keys;
+#[allow(unsafe_code)]
 mod sockopt;
 pub mod tls;
 pub mod url;

@@ -1,4 +1,5 @@
 //! `longhaul`: the thin command-line front end.
+#![forbid(unsafe_code)]
 
 mod args;
 mod carriers;

@@ -7,6 +7,7 @@
 //! * [`server`] — accepts carriers and connects allowed targets;
 //! * [`client`] — local forwards, reverse forwards, SOCKS5 and HTTP CONNECT
 //!   listeners over one session.
+#![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod client;

@@ -9,8 +9,11 @@
 //!
 //! The kernel's netem qdisc is not available everywhere (including on the
 //! project's machines); this needs only TUN and network namespaces.
+// `unsafe` only in the one module that needs it (system calls std lacks).
+#![deny(unsafe_code)]
 
 pub mod line;
+#[allow(unsafe_code)]
 mod sys;
 
 use std::collections::VecDeque;

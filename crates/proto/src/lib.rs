@@ -12,10 +12,19 @@
 //!   bottleneck, bounded by a per-stream cap and a per-session budget.
 //! * [`drr`] — deficit round-robin across streams, so that one writer can be
 //!   fair to every stream that has data and credit.
+//! * [`mux`] — one session's multiplexer as a state machine: streams (their
+//!   lifecycle as explicit states), windows, the control lane, scheduling,
+//!   keepalive and expiry; frames and local events in, frames to write,
+//!   events and deadlines out.
+//! * [`outframe`] — a frame waiting for the carrier, header and payload
+//!   kept apart so DATA is never copied.
+#![forbid(unsafe_code)]
 
 pub mod drr;
 pub mod frame;
 pub mod handshake;
+pub mod mux;
+pub mod outframe;
 pub mod window;
 
 pub use frame::{Frame, FrameError, Reason};

@@ -1,20 +1,20 @@
 //! Starting a session, and the handle the forwarders use.
 
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use longhaul_carrier::Carrier;
-use longhaul_proto::frame::{self, DecodeLimits, Frame, Reason, MAX_DATA_PAYLOAD};
+use longhaul_proto::frame::{self, DecodeLimits, MAX_DATA_PAYLOAD};
 use longhaul_proto::handshake::{self, Hello, HELLO_LEN};
+use longhaul_proto::mux::{Mux, MuxConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{oneshot, watch, Notify};
+use tokio::sync::oneshot;
 
 use crate::config::{Acceptor, Mode, OpenRefused, SessionConfig, SessionError, SessionStats};
 use crate::housekeeping::housekeeping;
 use crate::reader::carrier_reader;
-use crate::runtime::{Shared, State, MAX_BINDS};
+use crate::runtime::{Shared, StreamIo, StreamRt};
 use crate::writer::carrier_writer;
 
 /// How long a closing session's writer may still take to write what it
@@ -54,22 +54,28 @@ impl Drop for Opened {
     fn drop(&mut self) {
         if !self.attached {
             let mut st = self.shared.lock();
-            self.shared.abort_stream(&mut st, self.id);
+            st.mux.abandon(self.id);
+            self.shared.dispatch(&mut st);
         }
     }
 }
 
-/// Expires an OPEN whose opener stopped waiting (timed out or was
-/// cancelled), unless it was answered.
+/// Gives up on an OPEN whose opener stopped waiting (cancelled), unless it
+/// was answered.
 struct PendingOpen<'a> {
-    shared: &'a Shared,
+    shared: &'a Arc<Shared>,
     id: u32,
+    answered: bool,
 }
 
 impl Drop for PendingOpen<'_> {
     fn drop(&mut self) {
-        let mut st = self.shared.lock();
-        self.shared.expire_open(&mut st, self.id);
+        if !self.answered {
+            let mut st = self.shared.lock();
+            st.opens.remove(&self.id);
+            st.mux.abandon(self.id);
+            self.shared.dispatch(&mut st);
+        }
     }
 }
 
@@ -100,33 +106,31 @@ impl Session {
                 (n.features & handshake::FEATURE_PING != 0, n.max_frame)
             }
         };
-        let send_max_payload = (frame_limit as usize)
-            .saturating_sub(frame::DATA_HEADER_LEN)
-            .clamp(1, MAX_DATA_PAYLOAD);
-        let our_max_packet = (config.max_frame as usize)
-            .saturating_sub(frame::DATA_HEADER_LEN)
-            .clamp(1, MAX_DATA_PAYLOAD) as u16;
-        let (closed_tx, _) = watch::channel(None);
-        let shared = Arc::new(Shared {
-            st: Mutex::new(State::new(config.budget)),
-            wake_writer: Notify::new(),
-            closed_tx,
-            finished_tx: watch::channel(false).0,
-            acceptor,
-            started: Instant::now(),
-            ping_rtt_ns: AtomicU64::new(0),
-            tcp_rtt_ns: AtomicU64::new(0),
-            last_rx_ns: AtomicU64::new(0),
-            peer: carrier.peer.clone(),
-            ext,
-            our_max_packet,
-            send_max_payload,
-            config,
+        let mux = Mux::new(MuxConfig {
+            window: config.window,
+            budget: config.budget,
+            max_streams: config.max_streams,
+            send_queue: config.send_queue,
+            control_limit: config.control_limit,
+            keepalive: config.keepalive,
+            dead_after: config.dead_after,
+            open_timeout: config.open_timeout,
+            idle_timeout: config.idle_timeout,
+            rtt_floor: config.rtt_floor,
+            jmux: config.mode == Mode::Jmux,
+            extensions: ext,
+            our_max_packet: (config.max_frame as usize)
+                .saturating_sub(frame::DATA_HEADER_LEN)
+                .clamp(1, MAX_DATA_PAYLOAD) as u16,
+            send_max_payload: (frame_limit as usize)
+                .saturating_sub(frame::DATA_HEADER_LEN)
+                .clamp(1, MAX_DATA_PAYLOAD),
         });
         let limits = DecodeLimits {
-            max_frame: shared.config.max_frame as usize,
+            max_frame: config.max_frame as usize,
             extensions: ext,
         };
+        let shared = Arc::new(Shared::new(mux, config, acceptor, carrier.peer.clone()));
         let reader = tokio::spawn(carrier_reader(shared.clone(), carrier.reader, limits));
         let writer = tokio::spawn(carrier_writer(
             shared.clone(),
@@ -141,9 +145,9 @@ impl Session {
             let _ = closed.wait_for(|c| c.is_some()).await;
             reader.abort();
             house.abort();
-            // The writer sees `dead` and exits on its own after waking,
-            // unless it is stuck writing to a peer that stopped reading:
-            // then it is cancelled, which drops the carrier.
+            // The writer sees the session dead and exits on its own after
+            // waking, unless it is stuck writing to a peer that stopped
+            // reading: then it is cancelled, which drops the carrier.
             let abort = writer.abort_handle();
             if tokio::time::timeout(WRITER_GRACE, writer).await.is_err() {
                 abort.abort();
@@ -160,64 +164,44 @@ impl SessionHandle {
         let sh = &self.shared;
         let (tx, rx) = oneshot::channel();
         let id = {
-            let mut guard = sh.lock();
-            let st = &mut *guard;
-            if let Some(why) = &st.dead {
-                return Err(OpenRefused::new(
-                    Reason::GENERAL_FAILURE,
-                    format!("session closed: {why}"),
-                ));
-            }
-            if st.streams.len() + st.connecting >= sh.config.max_streams {
-                return Err(OpenRefused::new(
-                    Reason::GENERAL_FAILURE,
-                    "too many streams",
-                ));
-            }
-            let (id, _) = sh.new_entry(st, 0, 0, 0);
-            let window = match st.streams.get_mut(&id) {
-                Some(e) => {
-                    e.opening = Some(tx);
-                    e.recv.size()
-                }
-                None => 0,
-            };
-            sh.send_control(
-                st,
-                Frame::Open {
-                    sender: id,
-                    window,
-                    max_packet: sh.our_max_packet,
-                    dest: dest.to_owned(),
+            let mut st = sh.lock();
+            let now = sh.now_ns();
+            let id = st.mux.open(dest, now).map_err(|r| OpenRefused {
+                reason: r.reason,
+                description: r.description,
+            })?;
+            st.opens.insert(id, tx);
+            st.streams.insert(
+                id,
+                StreamRt {
+                    io: Arc::new(StreamIo::default()),
+                    uplink: None,
                 },
             );
+            sh.dispatch(&mut st);
             id
         };
-        sh.wake_writer.notify_one();
-        let pending = PendingOpen { shared: sh, id };
-        let answer = tokio::time::timeout(sh.config.open_timeout, rx).await;
-        if answer.is_ok() {
-            std::mem::forget(pending);
-        } else {
-            drop(pending);
-        }
+        let mut pending = PendingOpen {
+            shared: sh,
+            id,
+            answered: false,
+        };
+        // The core expires the OPEN after `open_timeout`.
+        let answer = rx.await;
+        pending.answered = true;
         match answer {
-            Ok(Ok(Ok(()))) => Ok(Opened {
+            Ok(Ok(())) => Ok(Opened {
                 shared: sh.clone(),
                 id,
                 attached: false,
             }),
-            Ok(Ok(Err(refused))) => Err(refused),
-            Ok(Err(_)) => Err(OpenRefused::new(
-                Reason::GENERAL_FAILURE,
+            Ok(Err(refused)) => Err(refused),
+            Err(_) => Err(OpenRefused::new(
+                longhaul_proto::Reason::GENERAL_FAILURE,
                 format!(
                     "session closed: {}",
                     self.close_reason().unwrap_or_default()
                 ),
-            )),
-            Err(_) => Err(OpenRefused::new(
-                Reason::TTL_EXPIRED,
-                "the peer did not answer the open in time",
             )),
         }
     }
@@ -225,56 +209,24 @@ impl SessionHandle {
     /// Asks the peer to listen on `bind` and open streams back to `dest`.
     pub async fn bind(&self, bind: &str, dest: &str) -> Result<u16, OpenRefused> {
         let sh = &self.shared;
-        if !sh.ext {
-            return Err(OpenRefused::new(
-                Reason::GENERAL_FAILURE,
-                "reverse forwards need longhaul's native mode (not --jmux)",
-            ));
-        }
         let (tx, rx) = oneshot::channel();
-        let request = {
-            let mut guard = sh.lock();
-            let st = &mut *guard;
-            if st.dead.is_some() || st.binds_out.len() >= MAX_BINDS {
-                return Err(OpenRefused::new(
-                    Reason::GENERAL_FAILURE,
-                    "session closed or too many binds",
-                ));
-            }
-            let request = st.next_bind;
-            st.next_bind = st.next_bind.wrapping_add(1);
-            st.binds_out.insert(request, tx);
-            sh.send_control(
-                st,
-                Frame::Bind {
-                    request,
-                    bind: bind.to_owned(),
-                    dest: dest.to_owned(),
-                },
-            );
-            request
-        };
-        sh.wake_writer.notify_one();
-        match tokio::time::timeout(sh.config.open_timeout, rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(OpenRefused::new(
-                Reason::GENERAL_FAILURE,
+        {
+            let mut st = sh.lock();
+            let now = sh.now_ns();
+            let request = st.mux.bind(bind, dest, now).map_err(|r| OpenRefused {
+                reason: r.reason,
+                description: r.description,
+            })?;
+            st.binds.insert(request, tx);
+            sh.dispatch(&mut st);
+        }
+        // The core expires the BIND after `open_timeout`.
+        match rx.await {
+            Ok(r) => r,
+            Err(_) => Err(OpenRefused::new(
+                longhaul_proto::Reason::GENERAL_FAILURE,
                 "session closed before the reverse forward was answered",
             )),
-            Err(_) => {
-                // Free the slot; remember the request so a late answer is
-                // recognised rather than taken for a protocol violation.
-                let mut st = sh.lock();
-                st.binds_out.remove(&request);
-                if st.binds_expired.len() >= MAX_BINDS {
-                    st.binds_expired.pop_front();
-                }
-                st.binds_expired.push_back(request);
-                Err(OpenRefused::new(
-                    Reason::TTL_EXPIRED,
-                    "no answer to the reverse-forward request",
-                ))
-            }
         }
     }
 
@@ -289,7 +241,7 @@ impl SessionHandle {
     }
 
     pub fn close_reason(&self) -> Option<String> {
-        self.shared.lock().dead.clone()
+        self.shared.lock().mux.dead().map(str::to_owned)
     }
 
     pub fn is_closed(&self) -> bool {
@@ -307,30 +259,9 @@ impl SessionHandle {
     pub async fn shutdown(&self, why: &str, grace: Duration) {
         let sh = &self.shared;
         {
-            let mut guard = sh.lock();
-            let st = &mut *guard;
-            if st.dead.is_some() {
-                return;
-            }
-            st.goodbye = Some(why.to_owned());
-            let ids: Vec<u32> = st.streams.keys().copied().collect();
-            for id in ids {
-                let Some(e) = st.streams.get_mut(&id) else {
-                    continue;
-                };
-                if let Some(a) = e.uplink.take() {
-                    a.abort();
-                }
-                if e.opening.is_some() {
-                    continue;
-                }
-                e.io.close_inbox(false);
-                if !e.close_sent {
-                    e.close_sent = true;
-                    let remote = e.remote;
-                    sh.send_stream_control(st, id, Frame::Close { recipient: remote });
-                }
-            }
+            let mut st = sh.lock();
+            st.mux.shutdown(why);
+            sh.dispatch(&mut st);
         }
         sh.wake_writer.notify_one();
         let mut finished = sh.finished_tx.subscribe();
@@ -345,13 +276,13 @@ impl SessionHandle {
     }
 
     pub fn stats(&self) -> SessionStats {
-        let st = self.shared.lock();
+        let s = self.shared.lock().mux.stats();
         SessionStats {
-            streams: st.streams.len(),
-            budget_used: st.budget.used(),
-            rtt: Duration::from_nanos(self.shared.window_rtt_ns()),
-            bytes_sent: st.bytes_sent,
-            bytes_received: st.bytes_received,
+            streams: s.streams,
+            budget_used: s.budget_used,
+            rtt: Duration::from_nanos(s.rtt_ns),
+            bytes_sent: s.bytes_sent,
+            bytes_received: s.bytes_received,
         }
     }
 }

@@ -2,10 +2,11 @@
 //!
 //! Tasks of one session:
 //!
-//! * the **carrier reader** ([`reader`]) decodes frames and routes them
-//!   ([`frames`]); it never waits on a stream (DATA goes into the stream's
-//!   inbound queue, which the receive window bounds), so a stalled consumer
-//!   stalls only its own stream;
+//! * the **carrier reader** ([`reader`]) decodes frames and hands them to
+//!   the protocol core ([`longhaul_proto::mux::Mux`], under the session
+//!   lock in [`runtime`]); it never waits on a stream (DATA goes into the
+//!   stream's inbound queue, which the receive window bounds), so a stalled
+//!   consumer stalls only its own stream;
 //! * the **carrier writer** ([`writer`]) is the only task that writes to the
 //!   carrier: it drains the control lane first (OPEN, WINDOW_ADJUST, EOF,
 //!   CLOSE, PING…), then takes DATA frames from streams in deficit
@@ -23,13 +24,11 @@
 #![forbid(unsafe_code)]
 
 mod config;
-mod frames;
-#[doc(hidden)]
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod handle;
 mod housekeeping;
 mod inbound;
-mod outframe;
 mod reader;
 mod runtime;
 mod stream;

@@ -9,7 +9,6 @@
 //! buffers take is bounded whatever frames the peer sends.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -68,9 +67,13 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, limits: 
         loop {
             match frame::decode(&mut buf, limits) {
                 Ok(Some(f)) => {
-                    if let Err(why) = shared.on_frame(f, may_slice) {
-                        tracing::warn!(peer = %shared.peer, "closing session: {why}");
-                        shared.close(why);
+                    let mut st = shared.lock();
+                    st.may_slice = may_slice;
+                    let now = shared.now_ns();
+                    let r = st.mux.handle_frame(f, now);
+                    // A violation is logged by `dispatch`, with its reason.
+                    shared.dispatch(&mut st);
+                    if r.is_err() || st.mux.dead().is_some() {
                         return;
                     }
                 }
@@ -97,7 +100,10 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, limits: 
                 shared.close("carrier closed by peer".into());
                 return;
             }
-            Ok(_) => shared.last_rx_ns.store(shared.now_ns(), Ordering::Relaxed),
+            Ok(_) => {
+                let now = shared.now_ns();
+                shared.lock().mux.heard(now);
+            }
             Err(e) => {
                 tracing::info!(peer = %shared.peer, "carrier read failed: {e}");
                 shared.close(format!("carrier read failed: {e}"));

@@ -9,12 +9,10 @@ use std::io::{self, IoSlice};
 use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use longhaul_proto::frame::{write_data_header, Frame, DATA_HEADER_LEN};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::inbound::{compact_parts, Part};
-use crate::outframe::OutFrame;
 use crate::runtime::{Shared, StreamIo};
 
 /// Largest single read from a local socket; split into frames of at most
@@ -37,28 +35,11 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: 
     let mut alloc = 0;
     let mut size = UPLINK_FIRST_READ;
     loop {
-        let (remote, n, max_packet) = loop {
-            {
-                let mut guard = shared.lock();
-                let st = &mut *guard;
-                if st.dead.is_some() {
-                    return;
-                }
-                let queued = st.data.queued(id);
-                let Some(e) = st.streams.get_mut(&id) else {
-                    return;
-                };
-                if e.close_sent || e.close_recv || e.eof_sent {
-                    return;
-                }
-                let room = shared.config.send_queue.saturating_sub(queued);
-                let n = (e.credit.available() as usize).min(UPLINK_READ).min(room);
-                if n > 0 {
-                    break (e.remote, n, e.max_packet);
-                }
-                if e.credit.available() == 0 {
-                    e.credit_stalls += 1;
-                }
+        let n = loop {
+            match shared.lock().mux.send_room(id) {
+                None => return,
+                Some(0) => {}
+                Some(n) => break n.min(UPLINK_READ),
             }
             io.up.notified().await;
         };
@@ -98,41 +79,22 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: 
             // What is left could only take short reads: start afresh.
             buf = BytesMut::new();
         }
-        let mut guard = shared.lock();
-        let st = &mut *guard;
-        let Some(e) = st.streams.get_mut(&id) else {
-            return;
-        };
-        if e.close_sent {
-            return;
-        }
+        let mut st = shared.lock();
         if k == 0 {
-            e.eof_sent = true;
-            let remote = e.remote;
-            shared.send_stream_control(st, id, Frame::Eof { recipient: remote });
-            shared.finish_if_done(st, id);
-            drop(guard);
-            shared.wake_writer.notify_one();
+            st.mux.send_eof(id);
+            shared.dispatch(&mut st);
             return;
         }
-        e.credit.take(k);
-        e.tx_bytes += k as u64;
-        let mut data = data;
-        while !data.is_empty() {
-            let piece = data.split_to(data.len().min(max_packet));
-            let mut head = [0u8; DATA_HEADER_LEN];
-            write_data_header(&mut head, remote, piece.len());
-            st.data.push(id, OutFrame::data(head, piece));
-        }
-        drop(guard);
-        shared.wake_writer.notify_one();
+        st.mux.send(id, data);
+        shared.dispatch(&mut st);
     }
 }
 
-fn fail(shared: &Shared, id: u32, err: io::Error) {
+fn fail(shared: &Arc<Shared>, id: u32, err: io::Error) {
     tracing::debug!(stream = id, "local socket failed: {err}");
     let mut st = shared.lock();
-    shared.abort_stream(&mut st, id);
+    st.mux.abort(id);
+    shared.dispatch(&mut st);
 }
 
 /// Buffers handed to one vectored write towards a local socket.
@@ -170,50 +132,22 @@ pub(crate) async fn downlink(
         }
         if eof {
             let _ = wr.shutdown().await;
-            {
-                let mut guard = shared.lock();
-                let st = &mut *guard;
-                if let Some(e) = st.streams.get_mut(&id) {
-                    e.eof_delivered = true;
-                }
-                shared.finish_if_done(st, id);
-            }
-            shared.wake_writer.notify_one();
-            // Nothing may follow EOF (the reader checks it).
+            let mut st = shared.lock();
+            st.mux.eof_delivered(id);
+            shared.dispatch(&mut st);
+            // Nothing may follow EOF (the core checks it).
             return;
         }
     }
 }
 
-/// Accounts bytes written to the local socket; returns credit to the peer
-/// when the window says it is time.
-fn credit_delivered(shared: &Shared, id: u32, total: usize) {
-    let mut guard = shared.lock();
-    let st = &mut *guard;
-    let Some(e) = st.streams.get_mut(&id) else {
-        return;
-    };
-    e.rx_bytes += total as u64;
-    let before = e.recv.size();
-    let budget = &mut st.budget;
-    let credit = e
-        .recv
-        .on_delivered(total, shared.now_ns(), shared.window_rtt_ns(), |extra| {
-            budget.try_reserve(extra as u64)
-        });
-    e.reserved += (e.recv.size() - before) as u64;
-    if let (Some(increment), false) = (credit, e.close_sent) {
-        let remote = e.remote;
-        shared.send_control(
-            st,
-            Frame::WindowAdjust {
-                recipient: remote,
-                increment,
-            },
-        );
-        drop(guard);
-        shared.wake_writer.notify_one();
-    }
+/// Accounts bytes written to the local socket; the core returns credit to
+/// the peer when the window says it is time.
+fn credit_delivered(shared: &Arc<Shared>, id: u32, total: usize) {
+    let mut st = shared.lock();
+    let now = shared.now_ns();
+    st.mux.delivered(id, total, now);
+    shared.dispatch(&mut st);
 }
 
 /// Writes every part. When the socket is full, the stream is marked blocked

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use longhaul_carrier::{BoxWrite, UrgentSend};
 use tokio::io::AsyncWriteExt;
 
-use crate::outframe::OutFrame;
-use crate::runtime::{Shared, StreamIo};
+use longhaul_proto::outframe::OutFrame;
+
+use crate::runtime::Shared;
 
 /// Largest batch the writer hands to one vectored write.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
@@ -25,57 +26,34 @@ pub(crate) async fn carrier_writer(
     urgent: Option<Box<dyn UrgentSend>>,
 ) {
     let mut batch: VecDeque<OutFrame> = VecDeque::with_capacity(MAX_IOV);
-    let mut touched: Vec<u32> = Vec::with_capacity(MAX_IOV);
-    let mut wakes: Vec<Arc<StreamIo>> = Vec::with_capacity(MAX_IOV);
     let mut backed_up = false;
     let mut drained;
     let mut dirty = false;
     loop {
         {
-            let mut guard = shared.lock();
-            let st = &mut *guard;
-            if let Some(why) = st.dead.clone() {
-                drop(guard);
-                shared.close(why);
+            let mut st = shared.lock();
+            if st.mux.dead().is_some() {
+                shared.dispatch(&mut st);
                 break;
             }
-            while let Some(f) = st.control.pop_front() {
-                st.control_bytes -= f.len();
-                batch.push_back(OutFrame::encoded(f));
-            }
-            let mut bytes = 0;
             let limit = if backed_up {
                 BACKLOG_BATCH_BYTES
             } else {
                 WRITE_BATCH_BYTES
             };
             // Two iovecs per DATA frame (header, payload).
-            while bytes < limit && batch.len() < MAX_IOV / 2 {
-                let Some((id, f)) = st.data.pop() else { break };
-                bytes += f.remaining();
-                batch.push_back(f);
-                if !touched.contains(&id) {
-                    touched.push(id);
-                }
-            }
-            st.bytes_sent += bytes as u64;
-            drained = st.data.is_empty();
+            st.mux.poll_transmit(&mut batch, limit, MAX_IOV / 2);
+            drained = !st.mux.has_output();
             if drained && batch.is_empty() && !dirty {
-                if let Some(why) = st.goodbye.clone() {
+                if let Some(why) = st.mux.goodbye_done().map(str::to_owned) {
                     // Shutting down, and every CLOSE has been written.
-                    drop(guard);
+                    drop(st);
                     shared.close(why);
                     break;
                 }
             }
-            for id in touched.drain(..) {
-                if let Some(e) = st.streams.get(&id) {
-                    wakes.push(e.io.clone());
-                }
-            }
-        }
-        for n in wakes.drain(..) {
-            n.up.notify_one();
+            // Streams waiting for queue room may read again.
+            shared.dispatch(&mut st);
         }
         if batch.is_empty() {
             if dirty {
@@ -164,38 +142,24 @@ fn advance(batch: &mut VecDeque<OutFrame>, mut n: usize) {
 /// of its stream is already in the batch; the first one that cannot move
 /// stops the pulling, so the control lane stays first in, first out, and
 /// DATA moves only once the control lane is empty.
-fn pull_urgent(shared: &Shared, batch: &mut VecDeque<OutFrame>) -> usize {
+fn pull_urgent(shared: &Arc<Shared>, batch: &mut VecDeque<OutFrame>) -> usize {
     let mut urgent: Vec<OutFrame> = Vec::new();
-    let mut wakes: Vec<Arc<StreamIo>> = Vec::new();
     let in_batch = |r: Option<u32>| r.is_some_and(|r| batch.iter().any(|f| f.recipient == Some(r)));
     {
-        let mut guard = shared.lock();
-        let st = &mut *guard;
-        while let Some(f) = st.control.front() {
-            if in_batch(crate::outframe::stream_recipient(f)) {
-                break;
-            }
-            let Some(f) = st.control.pop_front() else {
-                break;
-            };
-            st.control_bytes -= f.len();
-            urgent.push(OutFrame::encoded(f));
-        }
-        // DATA may only follow the whole control lane: an OPEN_SUCCESS still
-        // waiting there must reach the peer before its stream's first DATA.
-        while st.control.is_empty() && urgent.len() < MAX_IOV / 4 {
-            let Some((id, f)) = st.data.pop_new_if(|f| !in_batch(f.recipient)) else {
-                break;
-            };
-            st.bytes_sent += f.remaining() as u64;
+        let mut st = shared.lock();
+        while let Some(f) = st.mux.pop_control_if(|r| !in_batch(r)) {
             urgent.push(f);
-            if let Some(e) = st.streams.get(&id) {
-                wakes.push(e.io.clone());
-            }
         }
-    }
-    for n in wakes {
-        n.up.notify_one();
+        // DATA may only follow the whole control lane (the core checks): an
+        // OPEN_SUCCESS still waiting there must reach the peer before its
+        // stream's first DATA.
+        while urgent.len() < MAX_IOV / 4 {
+            let Some(f) = st.mux.pop_new_data_if(|f| !in_batch(f.recipient)) else {
+                break;
+            };
+            urgent.push(f);
+        }
+        shared.dispatch(&mut st);
     }
     if urgent.is_empty() {
         return 0;
@@ -213,7 +177,7 @@ fn pull_urgent(shared: &Shared, batch: &mut VecDeque<OutFrame>) -> usize {
 /// queued meanwhile are moved forward and sent directly, without waiting
 /// for the runtime to see the socket writable again.
 async fn write_batch(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     w: &mut BoxWrite,
     urgent: Option<&dyn UrgentSend>,
     batch: &mut VecDeque<OutFrame>,
@@ -258,7 +222,7 @@ async fn write_batch(
                 // Wakes from bulk pushes find nothing urgent and just wait
                 // again; the outer loop looks at the queues before it sleeps,
                 // so consuming the wake here loses no work.
-                if shared.lock().dead.is_some() {
+                if shared.lock().mux.dead().is_some() {
                     return Err(io::Error::other("session closed"));
                 }
                 continue;

@@ -5,14 +5,14 @@
 //! several frames without copying; control frames are fully encoded in
 //! `body`. The writer sends header and body as separate iovecs.
 
+use crate::drr::HasLen;
+use crate::frame::{DATA_HEADER_LEN, T_CLOSE, T_OPEN_SUCCESS};
 use bytes::{Buf, Bytes};
-use longhaul_proto::drr::HasLen;
-use longhaul_proto::frame::{DATA_HEADER_LEN, T_CLOSE, T_OPEN_SUCCESS};
 
 /// The peer's stream id of an encoded frame addressed to a stream
 /// (OPEN_SUCCESS … CLOSE all carry it first): frames whose order relative to
 /// others of the same stream must not change.
-pub(crate) fn stream_recipient(encoded: &[u8]) -> Option<u32> {
+pub fn stream_recipient(encoded: &[u8]) -> Option<u32> {
     match encoded.first() {
         Some(t) if (T_OPEN_SUCCESS..=T_CLOSE).contains(t) => encoded
             .get(4..8)
@@ -21,7 +21,7 @@ pub(crate) fn stream_recipient(encoded: &[u8]) -> Option<u32> {
     }
 }
 
-pub(crate) struct OutFrame {
+pub struct OutFrame {
     head: [u8; DATA_HEADER_LEN],
     /// Bytes of `head` not yet written, counted from its end.
     head_left: u8,
@@ -87,7 +87,7 @@ mod tests {
 
     #[test]
     fn recipients_of_ordered_frames() {
-        use longhaul_proto::frame::{write_data_header, Frame};
+        use crate::frame::{write_data_header, Frame};
         let mut h = [0u8; DATA_HEADER_LEN];
         write_data_header(&mut h, 77, 3);
         assert_eq!(

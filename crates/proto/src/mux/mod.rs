@@ -1,0 +1,852 @@
+//! The multiplexer as a state machine: one session's streams, windows,
+//! control lane, scheduling and OPEN/EOF/CLOSE rules, with no I/O.
+//!
+//! In the spirit of quinn-proto's `Connection`: the caller feeds it frames
+//! from the peer ([`Mux::handle_frame`]), local events (a stream opened,
+//! data read from a local socket, bytes written to one, a timer) and the
+//! current time, and takes out frames to write ([`Mux::poll_transmit`]),
+//! [`Event`]s to act on, and the next deadline ([`Mux::poll_timeout`]). The
+//! tokio runtime (`longhaul-session`) only moves bytes and wakes tasks; the
+//! simulation test (`tests/mux_sim.rs`) joins two of these through an
+//! in-memory pipe instead.
+//!
+//! Time is the caller's clock in nanoseconds since the session started.
+
+mod rules;
+pub mod stream;
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::drr::Drr;
+use crate::frame::{write_data_header, Frame, Reason, DATA_HEADER_LEN, MAX_FRAME_LEN};
+use crate::outframe::OutFrame;
+use crate::window::{Budget, RecvWindow, SendCredit, WindowConfig};
+use stream::{Down, Phase, Up};
+
+/// Smallest window granted to a new stream when the budget is spent.
+pub const MIN_WINDOW: u64 = 16 * 1024;
+/// Reverse-forward listeners one session may ask for.
+pub const MAX_BINDS: usize = 256;
+/// PINGs awaiting their PONG; only these nonces are accepted back.
+pub const MAX_PINGS: usize = 8;
+
+/// Limits and tuning of one session's multiplexer.
+#[derive(Debug, Clone)]
+pub struct MuxConfig {
+    pub window: WindowConfig,
+    /// Sum of all receive windows (bytes the peer may have in flight to us).
+    pub budget: u64,
+    /// Streams at once, including ones still connecting.
+    pub max_streams: usize,
+    /// Bytes from one local socket waiting for the carrier.
+    pub send_queue: usize,
+    /// Control messages waiting for a peer that does not read them.
+    pub control_limit: usize,
+    pub keepalive: Duration,
+    pub dead_after: Duration,
+    /// How long an OPEN or BIND of ours waits for its answer.
+    pub open_timeout: Duration,
+    pub idle_timeout: Option<Duration>,
+    /// Lower bound on the RTT used for window growth.
+    pub rtt_floor: Duration,
+    /// Plain JMUX peer (jetsocat): its maximum packet size counts the DATA
+    /// header, and it sends stray frames for channels it closed.
+    pub jmux: bool,
+    /// PING/PONG and BIND negotiated (native mode).
+    pub extensions: bool,
+    /// Largest DATA payload we accept (advertised in OPEN/OPEN_SUCCESS).
+    pub our_max_packet: u16,
+    /// Largest DATA payload the carrier's frame limit lets us send.
+    pub send_max_payload: usize,
+}
+
+/// Why an OPEN or BIND was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub reason: Reason,
+    pub description: String,
+}
+
+impl Refused {
+    pub fn new(reason: Reason, description: impl Into<String>) -> Refused {
+        Refused {
+            reason,
+            description: description.into(),
+        }
+    }
+}
+
+/// A stream the peer asked for, until the caller accepts or refuses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IncomingOpen {
+    sender: u32,
+    window: u32,
+    max_packet: u16,
+}
+
+/// What the caller must act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Payload for stream `id`'s local socket, in order (within its window).
+    Data { id: u32, payload: Bytes },
+    /// The peer sent everything it will on `id`: write what is queued, then
+    /// half-close the local socket and call [`Mux::eof_delivered`].
+    Eof { id: u32 },
+    /// The stream is over: stop reading its local socket. With `discard`
+    /// (it failed) drop what is queued for it; otherwise write that first.
+    Finished { id: u32, discard: bool },
+    /// Stream `id` may send again ([`Mux::send_room`] is no longer 0).
+    Writable { id: u32 },
+    /// The peer asks for a stream to `dest`: connect, then
+    /// [`Mux::accept_open`] or [`Mux::refuse_open`].
+    OpenRequest { open: IncomingOpen, dest: String },
+    /// Our OPEN for `id` was answered (or expired).
+    OpenAnswered {
+        id: u32,
+        result: Result<(), Refused>,
+    },
+    /// The peer asks us to listen on `bind` and open streams to `dest`.
+    BindRequest {
+        request: u32,
+        bind: String,
+        dest: String,
+    },
+    /// Our BIND was answered (or expired).
+    BindAnswered {
+        request: u32,
+        result: Result<u16, Refused>,
+    },
+}
+
+/// An OPEN we stopped waiting for: its slot and budget are released and
+/// only this marker stays, so a late answer is handled rather than taken
+/// for a protocol violation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expired {
+    Unanswered,
+    /// It succeeded late; we sent CLOSE and wait for the peer's.
+    Closing,
+}
+
+struct Stream {
+    /// The peer's id (valid once open).
+    remote: u32,
+    phase: Phase,
+    credit: SendCredit,
+    max_packet: usize,
+    recv: RecvWindow,
+    /// Budget held by `recv`.
+    reserved: u64,
+    /// The uplink found no room: tell it when there is.
+    waiting: bool,
+    tx_bytes: u64,
+    rx_bytes: u64,
+    credit_stalls: u64,
+}
+
+/// A snapshot of a session's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MuxStats {
+    pub streams: usize,
+    pub budget_used: u64,
+    pub rtt_ns: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+pub struct Mux {
+    cfg: MuxConfig,
+    control: VecDeque<Bytes>,
+    control_bytes: usize,
+    data: Drr<OutFrame>,
+    streams: HashMap<u32, Stream>,
+    expired: HashMap<u32, Expired>,
+    next_id: u32,
+    /// Peer OPENs handed to the caller and not yet answered.
+    connecting: usize,
+    budget: Budget,
+    /// Our BINDs waiting, with their deadlines.
+    binds_out: HashMap<u32, u64>,
+    binds_expired: VecDeque<u32>,
+    next_bind: u32,
+    binds_in: usize,
+    pings: VecDeque<u64>,
+    last_ping: Option<u64>,
+    ping_rtt_ns: u64,
+    path_rtt_ns: u64,
+    last_rx: u64,
+    busy_at: u64,
+    last_bytes: u64,
+    dead: Option<String>,
+    goodbye: Option<String>,
+    bytes_sent: u64,
+    bytes_received: u64,
+    events: VecDeque<Event>,
+    /// Something was queued for the writer since [`Mux::take_new_output`].
+    new_output: bool,
+}
+
+impl Mux {
+    pub fn new(cfg: MuxConfig) -> Mux {
+        Mux {
+            budget: Budget::new(cfg.budget),
+            cfg,
+            control: VecDeque::new(),
+            control_bytes: 0,
+            data: Drr::new(MAX_FRAME_LEN),
+            streams: HashMap::new(),
+            expired: HashMap::new(),
+            next_id: 1,
+            connecting: 0,
+            binds_out: HashMap::new(),
+            binds_expired: VecDeque::new(),
+            next_bind: 1,
+            binds_in: 0,
+            pings: VecDeque::new(),
+            last_ping: None,
+            ping_rtt_ns: 0,
+            path_rtt_ns: 0,
+            last_rx: 0,
+            busy_at: 0,
+            last_bytes: 0,
+            dead: None,
+            goodbye: None,
+            bytes_sent: 0,
+            bytes_received: 0,
+            events: VecDeque::new(),
+            new_output: false,
+        }
+    }
+
+    pub fn config(&self) -> &MuxConfig {
+        &self.cfg
+    }
+
+    /// The next thing to act on.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Why the session is over, once it is.
+    pub fn dead(&self) -> Option<&str> {
+        self.dead.as_deref()
+    }
+
+    /// Ends the session: every stream is finished (queued data still goes
+    /// to the local sockets), nothing more is sent.
+    pub fn close(&mut self, why: impl Into<String>) {
+        if self.dead.is_none() {
+            self.dead = Some(why.into());
+        }
+        for (id, s) in self.streams.drain() {
+            if s.phase.is_opening() {
+                self.events.push_back(Event::OpenAnswered {
+                    id,
+                    result: Err(Refused::new(Reason::GENERAL_FAILURE, "session closed")),
+                });
+            } else {
+                self.events
+                    .push_back(Event::Finished { id, discard: false });
+            }
+        }
+        for (request, _) in self.binds_out.drain() {
+            self.events.push_back(Event::BindAnswered {
+                request,
+                result: Err(Refused::new(Reason::GENERAL_FAILURE, "session closed")),
+            });
+        }
+        self.budget = Budget::new(self.cfg.budget);
+        self.control.clear();
+        self.control_bytes = 0;
+        self.data = Drr::new(MAX_FRAME_LEN);
+    }
+
+    /// Ends the session politely: CLOSE for every open stream, new OPENs
+    /// refused; once the writer has written everything ([`Mux::goodbye_done`])
+    /// the caller closes the carrier.
+    pub fn shutdown(&mut self, why: impl Into<String>) {
+        if self.dead.is_some() || self.goodbye.is_some() {
+            return;
+        }
+        self.goodbye = Some(why.into());
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            if let Some(s) = self.streams.get(&id) {
+                if matches!(s.phase, Phase::Open { .. }) {
+                    self.send_close(id, false);
+                }
+            }
+        }
+    }
+
+    /// Shutting down, and nothing is left to write: the reason.
+    pub fn goodbye_done(&self) -> Option<&str> {
+        if self.control.is_empty() && self.data.is_empty() {
+            self.goodbye.as_deref()
+        } else {
+            None
+        }
+    }
+
+    pub fn stats(&self) -> MuxStats {
+        MuxStats {
+            streams: self.streams.len(),
+            budget_used: self.budget.used(),
+            rtt_ns: self.window_rtt_ns(),
+            bytes_sent: self.bytes_sent,
+            bytes_received: self.bytes_received,
+        }
+    }
+
+    /// Round-trip time of the path under the carrier (TCP_INFO), if known.
+    pub fn set_path_rtt(&mut self, rtt: Duration) {
+        self.path_rtt_ns = rtt.as_nanos() as u64;
+    }
+
+    /// RTT used for window growth decisions.
+    pub fn window_rtt_ns(&self) -> u64 {
+        self.ping_rtt_ns
+            .max(self.path_rtt_ns)
+            .max(self.cfg.rtt_floor.as_nanos() as u64)
+    }
+
+    // ---- local events ------------------------------------------------
+
+    /// Opens a stream to `dest`; the answer comes as [`Event::OpenAnswered`].
+    pub fn open(&mut self, dest: &str, now: u64) -> Result<u32, Refused> {
+        if let Some(why) = &self.dead {
+            return Err(Refused::new(
+                Reason::GENERAL_FAILURE,
+                format!("session closed: {why}"),
+            ));
+        }
+        if self.goodbye.is_some() {
+            return Err(Refused::new(
+                Reason::GENERAL_FAILURE,
+                "session shutting down",
+            ));
+        }
+        if self.streams.len() + self.connecting >= self.cfg.max_streams {
+            return Err(Refused::new(Reason::GENERAL_FAILURE, "too many streams"));
+        }
+        let deadline = now + self.cfg.open_timeout.as_nanos() as u64;
+        let id = self.new_stream(0, 0, 0, Phase::Opening { deadline }, now);
+        let window = self.streams.get(&id).map_or(0, |s| s.recv.size());
+        self.send_control(Frame::Open {
+            sender: id,
+            window,
+            max_packet: self.cfg.our_max_packet,
+            dest: dest.to_owned(),
+        });
+        Ok(id)
+    }
+
+    /// The opener of `id` stopped waiting (gave up or went away): an
+    /// unanswered OPEN expires, an open stream is closed.
+    pub fn abandon(&mut self, id: u32) {
+        match self.streams.get(&id).map(|s| s.phase) {
+            Some(Phase::Opening { .. }) => self.expire_open(id),
+            Some(Phase::Open { .. }) => self.abort(id),
+            _ => {}
+        }
+    }
+
+    /// Accepts a stream the peer asked for; returns its id.
+    pub fn accept_open(&mut self, open: IncomingOpen, now: u64) -> Option<u32> {
+        self.connecting = self.connecting.saturating_sub(1);
+        if self.dead.is_some() {
+            return None;
+        }
+        let phase = Phase::Open {
+            up: Up::Open,
+            down: Down::Open,
+        };
+        let id = self.new_stream(open.sender, open.window, open.max_packet, phase, now);
+        let window = self.streams.get(&id).map_or(0, |s| s.recv.size());
+        self.send_control(Frame::OpenSuccess {
+            recipient: open.sender,
+            sender: id,
+            window,
+            max_packet: self.cfg.our_max_packet,
+        });
+        Some(id)
+    }
+
+    /// Refuses a stream the peer asked for.
+    pub fn refuse_open(&mut self, open: IncomingOpen, refused: Refused) {
+        self.connecting = self.connecting.saturating_sub(1);
+        if self.dead.is_some() {
+            return;
+        }
+        self.send_control(Frame::OpenFailure {
+            recipient: open.sender,
+            reason: refused.reason,
+            description: refused.description,
+        });
+    }
+
+    /// Asks the peer to listen on `bind` and open streams back to `dest`;
+    /// the answer comes as [`Event::BindAnswered`].
+    pub fn bind(&mut self, bind: &str, dest: &str, now: u64) -> Result<u32, Refused> {
+        if !self.cfg.extensions {
+            return Err(Refused::new(
+                Reason::GENERAL_FAILURE,
+                "reverse forwards need longhaul's native mode (not --jmux)",
+            ));
+        }
+        if self.dead.is_some() || self.binds_out.len() >= MAX_BINDS {
+            return Err(Refused::new(
+                Reason::GENERAL_FAILURE,
+                "session closed or too many binds",
+            ));
+        }
+        let request = self.next_bind;
+        self.next_bind = self.next_bind.wrapping_add(1);
+        self.binds_out
+            .insert(request, now + self.cfg.open_timeout.as_nanos() as u64);
+        self.send_control(Frame::Bind {
+            request,
+            bind: bind.to_owned(),
+            dest: dest.to_owned(),
+        });
+        Ok(request)
+    }
+
+    /// Answers a BIND the peer sent.
+    pub fn answer_bind(&mut self, request: u32, result: Result<u16, Refused>) {
+        let f = match result {
+            Ok(port) => Frame::BindSuccess { request, port },
+            Err(e) => {
+                self.binds_in = self.binds_in.saturating_sub(1);
+                Frame::BindFailure {
+                    request,
+                    reason: e.reason,
+                    description: e.description,
+                }
+            }
+        };
+        if self.dead.is_none() {
+            self.send_control(f);
+        }
+    }
+
+    /// How many bytes stream `id` may send now (credit and queue room);
+    /// `None` once it may send no more. At 0, [`Event::Writable`] follows
+    /// when that changes.
+    pub fn send_room(&mut self, id: u32) -> Option<usize> {
+        if self.dead.is_some() {
+            return None;
+        }
+        let queued = self.data.queued(id);
+        let s = self.streams.get_mut(&id)?;
+        if !s.phase.can_send() {
+            return None;
+        }
+        let room = self.cfg.send_queue.saturating_sub(queued);
+        let n = (s.credit.available() as usize).min(room);
+        if n == 0 {
+            s.waiting = true;
+            if s.credit.available() == 0 {
+                s.credit_stalls += 1;
+            }
+        }
+        Some(n)
+    }
+
+    /// Queues bytes read from stream `id`'s local socket (at most what
+    /// [`Mux::send_room`] allowed); split into DATA frames without copying.
+    pub fn send(&mut self, id: u32, mut data: Bytes) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if !s.phase.can_send() || self.dead.is_some() {
+            return;
+        }
+        let n = s.credit.take(data.len());
+        data.truncate(n);
+        s.tx_bytes += n as u64;
+        let (remote, max_packet) = (s.remote, s.max_packet);
+        while !data.is_empty() {
+            let piece = data.split_to(data.len().min(max_packet));
+            let mut head = [0u8; DATA_HEADER_LEN];
+            write_data_header(&mut head, remote, piece.len());
+            self.data.push(id, OutFrame::data(head, piece));
+            self.new_output = true;
+        }
+    }
+
+    /// Stream `id`'s local socket reached EOF.
+    pub fn send_eof(&mut self, id: u32) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let Phase::Open { up: Up::Open, down } = s.phase else {
+            return;
+        };
+        s.phase = Phase::Open {
+            up: Up::EofSent,
+            down,
+        };
+        let remote = s.remote;
+        self.send_stream_control(id, Frame::Eof { recipient: remote });
+        self.close_if_finished(id);
+    }
+
+    /// `n` bytes of stream `id` were written to its local socket: credit
+    /// goes back to the peer when the window says so.
+    pub fn delivered(&mut self, id: u32, n: usize, now: u64) {
+        let rtt = self.window_rtt_ns();
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        s.rx_bytes += n as u64;
+        let before = s.recv.size();
+        let budget = &mut self.budget;
+        let credit = s
+            .recv
+            .on_delivered(n, now, rtt, |extra| budget.try_reserve(extra as u64));
+        s.reserved += (s.recv.size() - before) as u64;
+        if let (Some(increment), Phase::Open { .. }) = (credit, s.phase) {
+            let remote = s.remote;
+            self.send_control(Frame::WindowAdjust {
+                recipient: remote,
+                increment,
+            });
+        }
+    }
+
+    /// Everything up to the peer's EOF was written and the local socket
+    /// half-closed.
+    pub fn eof_delivered(&mut self, id: u32) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if let Phase::Open {
+            up,
+            down: Down::EofReceived,
+        } = s.phase
+        {
+            s.phase = Phase::Open {
+                up,
+                down: Down::EofDelivered,
+            };
+            self.close_if_finished(id);
+        }
+    }
+
+    /// Stream `id`'s local socket failed: CLOSE to the peer, drop what is
+    /// queued either way.
+    pub fn abort(&mut self, id: u32) {
+        match self.streams.get(&id).map(|s| s.phase) {
+            Some(Phase::Open { .. }) => self.send_close(id, true),
+            Some(Phase::Opening { .. }) => self.expire_open(id),
+            _ => {}
+        }
+    }
+
+    // ---- output -----------------------------------------------------
+
+    /// Whether anything waits to be written.
+    pub fn has_output(&self) -> bool {
+        !self.control.is_empty() || !self.data.is_empty()
+    }
+
+    /// Whether frames were queued since the last call: the writer needs a
+    /// wake-up (it is not woken for what it already knows about).
+    pub fn take_new_output(&mut self) -> bool {
+        std::mem::take(&mut self.new_output)
+    }
+
+    /// Takes frames to write into `batch`: the whole control lane first,
+    /// then DATA in deficit round-robin order while under `max_bytes` and
+    /// `max_frames`. Returns the bytes taken; streams that were waiting for
+    /// queue room get [`Event::Writable`].
+    pub fn poll_transmit(
+        &mut self,
+        batch: &mut VecDeque<OutFrame>,
+        max_bytes: usize,
+        max_frames: usize,
+    ) -> usize {
+        let mut bytes = 0;
+        while let Some(f) = self.control.pop_front() {
+            self.control_bytes -= f.len();
+            bytes += f.len();
+            batch.push_back(OutFrame::encoded(f));
+        }
+        let mut data_bytes = 0;
+        while data_bytes < max_bytes && batch.len() < max_frames {
+            let Some((id, f)) = self.data.pop() else {
+                break;
+            };
+            data_bytes += f.remaining();
+            batch.push_back(f);
+            self.room_freed(id);
+        }
+        self.bytes_sent += (bytes + data_bytes) as u64;
+        bytes + data_bytes
+    }
+
+    /// The next control frame, if `ok` accepts its stream (for frames sent
+    /// ahead of a batch already in progress).
+    pub fn pop_control_if(&mut self, ok: impl Fn(Option<u32>) -> bool) -> Option<OutFrame> {
+        let front = self.control.front()?;
+        if !ok(crate::outframe::stream_recipient(front)) {
+            return None;
+        }
+        let f = self.control.pop_front()?;
+        self.control_bytes -= f.len();
+        self.bytes_sent += f.len() as u64;
+        Some(OutFrame::encoded(f))
+    }
+
+    /// The next DATA frame of a stream that just became active, if the
+    /// control lane is empty and `ok` accepts the frame.
+    pub fn pop_new_data_if(&mut self, ok: impl Fn(&OutFrame) -> bool) -> Option<OutFrame> {
+        if !self.control.is_empty() {
+            return None;
+        }
+        let (id, f) = self.data.pop_new_if(ok)?;
+        self.bytes_sent += f.remaining() as u64;
+        self.room_freed(id);
+        Some(f)
+    }
+
+    fn room_freed(&mut self, id: u32) {
+        if let Some(s) = self.streams.get_mut(&id) {
+            if s.waiting {
+                s.waiting = false;
+                self.events.push_back(Event::Writable { id });
+            }
+        }
+    }
+
+    // ---- time -------------------------------------------------------
+
+    /// The peer was heard from (any bytes).
+    pub fn heard(&mut self, now: u64) {
+        self.last_rx = now;
+    }
+
+    /// When [`Mux::handle_timeout`] should run next.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if self.dead.is_some() {
+            return None;
+        }
+        let mut next: Option<u64> = None;
+        let mut at = |t: u64| next = Some(next.map_or(t, |n| n.min(t)));
+        if self.cfg.extensions {
+            at(self
+                .last_ping
+                .map_or(0, |p| p + self.cfg.keepalive.as_nanos() as u64));
+            at(self.last_rx + self.cfg.dead_after.as_nanos() as u64);
+        }
+        if let Some(idle) = self.cfg.idle_timeout {
+            at(self.busy_at + idle.as_nanos() as u64);
+        }
+        for s in self.streams.values() {
+            if let Phase::Opening { deadline } = s.phase {
+                at(deadline);
+            }
+        }
+        for &deadline in self.binds_out.values() {
+            at(deadline);
+        }
+        next
+    }
+
+    /// Runs what is due: keepalive PINGs, dead-peer and idle detection,
+    /// expiry of unanswered OPENs and BINDs.
+    pub fn handle_timeout(&mut self, now: u64) {
+        if self.dead.is_some() {
+            return;
+        }
+        let bytes = self.bytes_sent + self.bytes_received;
+        if !self.streams.is_empty() || bytes != self.last_bytes {
+            self.busy_at = now;
+            self.last_bytes = bytes;
+        }
+        if let Some(idle) = self.cfg.idle_timeout {
+            if now.saturating_sub(self.busy_at) >= idle.as_nanos() as u64 {
+                return self.close(format!("idle for {idle:?} (no streams; --idle-timeout)"));
+            }
+        }
+        if self.cfg.extensions {
+            let silent = now.saturating_sub(self.last_rx);
+            if silent > self.cfg.dead_after.as_nanos() as u64 {
+                return self.close(format!(
+                    "peer unresponsive for {:?}",
+                    Duration::from_nanos(silent)
+                ));
+            }
+            let due = self
+                .last_ping
+                .is_none_or(|p| now >= p + self.cfg.keepalive.as_nanos() as u64);
+            if due {
+                self.last_ping = Some(now);
+                if self.pings.len() >= MAX_PINGS {
+                    self.pings.pop_front();
+                }
+                self.pings.push_back(now);
+                self.send_control(Frame::Ping { nonce: now });
+            }
+        }
+        let expired: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| matches!(s.phase, Phase::Opening { deadline } if deadline <= now))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in expired {
+            self.expire_open(id);
+        }
+        let binds: Vec<u32> = self
+            .binds_out
+            .iter()
+            .filter(|(_, &d)| d <= now)
+            .map(|(&r, _)| r)
+            .collect();
+        for request in binds {
+            self.binds_out.remove(&request);
+            if self.binds_expired.len() >= MAX_BINDS {
+                self.binds_expired.pop_front();
+            }
+            self.binds_expired.push_back(request);
+            self.events.push_back(Event::BindAnswered {
+                request,
+                result: Err(Refused::new(
+                    Reason::TTL_EXPIRED,
+                    "no answer to the reverse-forward request",
+                )),
+            });
+        }
+    }
+
+    // ---- internals ---------------------------------------------------
+
+    fn alloc_id(&mut self) -> u32 {
+        loop {
+            let id = self.next_id;
+            self.next_id = self.next_id.wrapping_add(1);
+            if !self.streams.contains_key(&id) && !self.expired.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    fn new_stream(
+        &mut self,
+        remote: u32,
+        peer_window: u32,
+        peer_max_packet: u16,
+        phase: Phase,
+        now: u64,
+    ) -> u32 {
+        let id = self.alloc_id();
+        let want = self.cfg.window.initial as u64;
+        let reserved = self.budget.reserve_with_floor(want, MIN_WINDOW.min(want));
+        let max_packet = self.clamp_packet(peer_max_packet);
+        self.streams.insert(
+            id,
+            Stream {
+                remote,
+                phase,
+                credit: SendCredit::new(peer_window),
+                max_packet,
+                recv: RecvWindow::new(reserved as u32, self.cfg.window.max, now),
+                reserved,
+                waiting: false,
+                tx_bytes: 0,
+                rx_bytes: 0,
+                credit_stalls: 0,
+            },
+        );
+        id
+    }
+
+    /// Largest DATA payload to send to a peer that advertised
+    /// `peer_max_packet`. JMUX peers (jetsocat) count the whole DATA
+    /// message, header included, and drop larger ones; longhaul peers count
+    /// the payload.
+    fn clamp_packet(&self, peer_max_packet: u16) -> usize {
+        let allowed = if self.cfg.jmux {
+            (peer_max_packet as usize).saturating_sub(DATA_HEADER_LEN)
+        } else {
+            peer_max_packet as usize
+        };
+        allowed.clamp(1, self.cfg.send_max_payload)
+    }
+
+    fn send_control(&mut self, f: Frame) {
+        let Ok(b) = f.to_bytes() else {
+            // Only an over-long string could fail; such frames are never built.
+            return;
+        };
+        self.control_bytes += b.len();
+        self.control.push_back(b);
+        self.new_output = true;
+        if self.control_bytes > self.cfg.control_limit && self.dead.is_none() {
+            // The peer keeps causing replies (PONGs, adjusts) but does not
+            // read them: not a well-behaved peer.
+            self.close("peer is not reading its control messages");
+        }
+    }
+
+    /// EOF/CLOSE go behind the stream's own queued data, ahead of others'.
+    fn send_stream_control(&mut self, id: u32, f: Frame) {
+        if self.data.queued(id) > 0 {
+            if let Ok(b) = f.to_bytes() {
+                self.data.push(id, OutFrame::encoded(b));
+                self.new_output = true;
+            }
+        } else {
+            self.send_control(f);
+        }
+    }
+
+    /// Sends CLOSE for an open stream and waits for the peer's.
+    fn send_close(&mut self, id: u32, discard: bool) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        s.phase = Phase::CloseSent;
+        let remote = s.remote;
+        self.events.push_back(Event::Finished { id, discard });
+        self.send_stream_control(id, Frame::Close { recipient: remote });
+    }
+
+    fn close_if_finished(&mut self, id: u32) {
+        if self.streams.get(&id).is_some_and(|s| s.phase.finished()) {
+            self.send_close(id, false);
+        }
+    }
+
+    fn remove(&mut self, id: u32) {
+        if let Some(s) = self.streams.remove(&id) {
+            self.budget.release(s.reserved);
+        }
+    }
+
+    fn expire_open(&mut self, id: u32) {
+        if !self.streams.get(&id).is_some_and(|s| s.phase.is_opening()) {
+            return;
+        }
+        self.remove(id);
+        self.expired.insert(id, Expired::Unanswered);
+        self.events.push_back(Event::OpenAnswered {
+            id,
+            result: Err(Refused::new(
+                Reason::TTL_EXPIRED,
+                "the peer did not answer the open in time",
+            )),
+        });
+        if self.expired.len() > self.cfg.max_streams {
+            self.close(format!(
+                "peer left more than {} stream opens unanswered",
+                self.cfg.max_streams
+            ));
+        }
+    }
+}
