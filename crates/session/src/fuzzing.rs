@@ -217,3 +217,110 @@ async fn run_session(sel: u8, peer_bytes: &[u8]) {
         }
     }
 }
+
+/// Any bytes as the peer's frames, straight into the multiplexer core: no
+/// runtime, no sockets, no sleeps (thousands of inputs a second). The first
+/// byte picks the mode and how many streams our side opens (ids 1..). A
+/// small app answers what the core asks: accepts every other OPEN, consumes
+/// all data, sends a little on streams it opened, binds. The core must not
+/// panic, every frame it writes must decode, and the receive windows it
+/// grants must stay within the budget plus the per-stream floor.
+pub fn mux_peer(data: &[u8]) {
+    use longhaul_proto::mux::{Event, Mux, MuxConfig, MIN_WINDOW};
+    use longhaul_proto::window::WindowConfig;
+    let Some((&sel, rest)) = data.split_first() else {
+        return;
+    };
+    let jmux = sel & 1 == 1;
+    let config = MuxConfig {
+        window: WindowConfig {
+            initial: 8 * 1024,
+            max: 64 * 1024,
+        },
+        budget: 64 * 1024,
+        max_streams: 16,
+        send_queue: 16 * 1024,
+        control_limit: 64 * 1024,
+        keepalive: Duration::from_millis(3),
+        dead_after: Duration::from_secs(1),
+        open_timeout: Duration::from_millis(20),
+        idle_timeout: None,
+        rtt_floor: Duration::from_millis(1),
+        jmux,
+        extensions: !jmux,
+        our_max_packet: 4096,
+        send_max_payload: 4096,
+    };
+    let limits = DecodeLimits {
+        max_frame: u16::MAX as usize,
+        extensions: !jmux,
+    };
+    let mut m = Mux::new(config);
+    let mut now = 0u64;
+    for _ in 0..((sel >> 1) & 3) {
+        let _ = m.open("tcp://target:1", now);
+    }
+    let mut input = BytesMut::from(rest);
+    let mut out = std::collections::VecDeque::new();
+    let mut accept = true;
+    loop {
+        let f = match frame::decode(&mut input, limits) {
+            Ok(Some(f)) => f,
+            _ => break,
+        };
+        now += 1_000_000;
+        m.heard(now);
+        if m.handle_frame(f, now).is_err() {
+            assert!(m.dead().is_some(), "a violation must end the session");
+            break;
+        }
+        while let Some(e) = m.poll_event() {
+            match e {
+                Event::OpenRequest { open, .. } => {
+                    accept = !accept;
+                    if accept {
+                        m.accept_open(open, now);
+                    } else {
+                        m.refuse_open(
+                            open,
+                            longhaul_proto::mux::Refused::new(Reason::NOT_ALLOWED, "no"),
+                        );
+                    }
+                }
+                Event::Data { id, payload } => m.delivered(id, payload.len(), now),
+                Event::Eof { id } => m.eof_delivered(id),
+                Event::OpenAnswered { id, result: Ok(()) } => {
+                    if let Some(room) = m.send_room(id) {
+                        m.send(id, bytes::Bytes::from(vec![9u8; room.min(5000)]));
+                    }
+                    m.send_eof(id);
+                }
+                Event::BindRequest { request, .. } => m.answer_bind(request, Ok(1)),
+                _ => {}
+            }
+        }
+        m.handle_timeout(now);
+        let st = m.stats();
+        assert!(
+            st.budget_used <= m.config().budget + st.streams as u64 * MIN_WINDOW,
+            "windows beyond the budget: {st:?}"
+        );
+        // Everything written must be well-formed frames.
+        m.poll_transmit(&mut out, 1 << 20, 1 << 10);
+        let mut wire = BytesMut::new();
+        for f in out.drain(..) {
+            wire.extend_from_slice(f.head());
+            wire.extend_from_slice(&f.body);
+        }
+        let ours = DecodeLimits {
+            max_frame: u16::MAX as usize,
+            extensions: !jmux,
+        };
+        while !wire.is_empty() {
+            match frame::decode(&mut wire, ours) {
+                Ok(Some(_)) => {}
+                other => panic!("the core wrote a malformed frame: {other:?}"),
+            }
+        }
+    }
+}

@@ -24,7 +24,8 @@ use crate::drr::Drr;
 use crate::frame::{write_data_header, Frame, Reason, DATA_HEADER_LEN, MAX_FRAME_LEN};
 use crate::outframe::OutFrame;
 use crate::window::{Budget, RecvWindow, SendCredit, WindowConfig};
-use stream::{Down, Phase, Up};
+pub use stream::Phase;
+use stream::{Down, Up};
 
 /// Smallest window granted to a new stream when the budget is spent.
 pub const MIN_WINDOW: u64 = 16 * 1024;
@@ -289,6 +290,18 @@ impl Mux {
         } else {
             None
         }
+    }
+
+    /// Ids of the streams it keeps (any state), sorted.
+    pub fn stream_ids(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.streams.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// A stream's state, if it is kept.
+    pub fn phase(&self, id: u32) -> Option<Phase> {
+        self.streams.get(&id).map(|s| s.phase)
     }
 
     pub fn stats(&self) -> MuxStats {
