@@ -12,6 +12,9 @@
 //!   echoed back by the server.
 #![forbid(unsafe_code)]
 
+pub mod carriers;
+pub mod demo;
+pub mod matrix;
 pub mod report;
 pub mod rr;
 pub mod server;

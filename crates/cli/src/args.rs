@@ -446,6 +446,38 @@ pub struct DemoArgs {
     pub json: Option<std::path::PathBuf>,
 }
 
+impl From<DemoArgs> for longhaul_bench::demo::DemoOptions {
+    fn from(d: DemoArgs) -> Self {
+        longhaul_bench::demo::DemoOptions {
+            time: d.time,
+            count: d.count,
+            rounds: d.rounds,
+            json: d.json,
+        }
+    }
+}
+
+impl From<MatrixArgs> for longhaul_bench::matrix::MatrixOptions {
+    fn from(a: MatrixArgs) -> Self {
+        longhaul_bench::matrix::MatrixOptions {
+            delay: a.delay,
+            conns: a.conns,
+            time: a.time,
+            out: a.out,
+            rate: a.rate,
+            loss: a.loss,
+            app_buffer: a.app_buffer,
+            tcp_buffers: a.tcp_buffers,
+            rr_count: a.rr_count,
+            rr_sizes: a.rr_sizes,
+            no_rr: a.no_rr,
+            name: a.name,
+            congestion: a.congestion,
+            carrier: a.carrier,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,9 +2,6 @@
 #![forbid(unsafe_code)]
 
 mod args;
-mod carriers;
-mod demo;
-mod matrix;
 
 use std::process::ExitCode;
 
@@ -126,7 +123,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 }
                 Ok(())
             }
-            BenchCmd::Matrix(m) => matrix::run(m).await,
+            BenchCmd::Matrix(m) => longhaul_bench::matrix::run(m.into()).await,
             BenchCmd::Rr(o) => {
                 let r = rr::run(rr::RrOptions {
                     addr: o.addr.clone(),
@@ -143,7 +140,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 Ok(())
             }
         },
-        Cmd::Demo(d) => demo::run(d).await,
+        Cmd::Demo(d) => longhaul_bench::demo::run(d.into()).await,
         Cmd::Netem(n) => netem(n),
     }
 }

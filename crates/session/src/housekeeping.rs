@@ -21,20 +21,18 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>, probe: Option<Box<dyn Path
             next_probe = now + PROBE_EVERY.as_nanos() as u64;
             if let Some(p) = &probe {
                 if let Some(r) = p.rtt() {
-                    shared.lock().mux.set_path_rtt(r);
+                    shared.with(|m, _| m.set_path_rtt(r));
                 }
                 p.retune();
             }
         }
-        let next = {
-            let mut st = shared.lock();
-            st.mux.handle_timeout(now);
-            shared.dispatch(&mut st);
-            if st.mux.dead().is_some() {
-                return;
-            }
-            st.mux.poll_timeout()
-        };
+        let (dead, next) = shared.with(|m, _| {
+            m.handle_timeout(now);
+            (m.dead().is_some(), m.poll_timeout())
+        });
+        if dead {
+            return;
+        }
         let wake = next.map_or(next_probe, |t| t.min(next_probe));
         let wait = Duration::from_nanos(wake.saturating_sub(shared.now_ns()));
         // Timers never fire early; a millisecond more keeps a deadline that

@@ -134,6 +134,16 @@ impl Shared {
         self.started.elapsed().as_nanos() as u64
     }
 
+    /// Runs `f` on the protocol core under the session lock, then acts on
+    /// what it asked for. The one way tasks other than the reader change the
+    /// core.
+    pub fn with<R>(self: &Arc<Self>, f: impl FnOnce(&mut Mux, u64) -> R) -> R {
+        let mut st = self.lock();
+        let r = f(&mut st.mux, self.now_ns());
+        self.dispatch(&mut st);
+        r
+    }
+
     /// Closes the whole session for a reason of ours (already logged).
     pub fn close(self: &Arc<Self>, why: String) {
         let mut st = self.lock();

@@ -36,7 +36,7 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: 
     let mut size = UPLINK_FIRST_READ;
     loop {
         let n = loop {
-            match shared.lock().mux.send_room(id) {
+            match shared.with(|m, _| m.send_room(id)) {
                 None => return,
                 Some(0) => {}
                 Some(n) => break n.min(UPLINK_READ),
@@ -79,22 +79,16 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: 
             // What is left could only take short reads: start afresh.
             buf = BytesMut::new();
         }
-        let mut st = shared.lock();
         if k == 0 {
-            st.mux.send_eof(id);
-            shared.dispatch(&mut st);
-            return;
+            return shared.with(|m, _| m.send_eof(id));
         }
-        st.mux.send(id, data);
-        shared.dispatch(&mut st);
+        shared.with(|m, _| m.send(id, data));
     }
 }
 
 fn fail(shared: &Arc<Shared>, id: u32, err: io::Error) {
     tracing::debug!(stream = id, "local socket failed: {err}");
-    let mut st = shared.lock();
-    st.mux.abort(id);
-    shared.dispatch(&mut st);
+    shared.with(|m, _| m.abort(id));
 }
 
 /// Buffers handed to one vectored write towards a local socket.
@@ -132,9 +126,7 @@ pub(crate) async fn downlink(
         }
         if eof {
             let _ = wr.shutdown().await;
-            let mut st = shared.lock();
-            st.mux.eof_delivered(id);
-            shared.dispatch(&mut st);
+            shared.with(|m, _| m.eof_delivered(id));
             // Nothing may follow EOF (the core checks it).
             return;
         }
@@ -144,10 +136,7 @@ pub(crate) async fn downlink(
 /// Accounts bytes written to the local socket; the core returns credit to
 /// the peer when the window says it is time.
 fn credit_delivered(shared: &Arc<Shared>, id: u32, total: usize) {
-    let mut st = shared.lock();
-    let now = shared.now_ns();
-    st.mux.delivered(id, total, now);
-    shared.dispatch(&mut st);
+    shared.with(|m, now| m.delivered(id, total, now));
 }
 
 /// Writes every part. When the socket is full, the stream is marked blocked

@@ -9,13 +9,12 @@ use std::net::TcpListener as StdListener;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::stats::fmt_bps;
+use crate::{rr, tput};
 use anyhow::{bail, Context};
-use longhaul_bench::stats::fmt_bps;
-use longhaul_bench::{rr, tput};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
-use crate::args::DemoArgs;
 use crate::carriers::{self, CarrierKind, Keys};
 use longhaul_forward::spec::ForwardSpec;
 use longhaul_forward::{Client, ClientConfig};
@@ -114,7 +113,7 @@ async fn first_byte(
     };
     let mut s = tokio::net::TcpStream::connect(&addr).await?;
     s.set_nodelay(true)?;
-    let mut req = longhaul_bench::hello(longhaul_bench::MODE_RR, 0).to_vec();
+    let mut req = crate::hello(crate::MODE_RR, 0).to_vec();
     req.extend_from_slice(&1u32.to_be_bytes());
     req.push(7);
     s.write_all(&req).await?;
@@ -127,7 +126,20 @@ async fn first_byte(
     Ok(took)
 }
 
-pub async fn run(d: DemoArgs) -> anyhow::Result<()> {
+/// What `longhaul demo` measures, and how long.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Seconds per throughput measurement.
+    pub time: f64,
+    /// Round trips per rr size.
+    pub count: usize,
+    /// Every measurement repeated, interleaved direct/tunnel; medians reported.
+    pub rounds: u16,
+    /// Also write the results as JSON here.
+    pub json: Option<std::path::PathBuf>,
+}
+
+pub async fn run(d: DemoOptions) -> anyhow::Result<()> {
     let keys = Keys::new("demo")?;
     let (pb, ps_tcp, ps_tls, pf_tcp, pf_tls) = (
         free_port()?,
@@ -291,7 +303,7 @@ pub async fn run(d: DemoArgs) -> anyhow::Result<()> {
         .map(|v| {
             let mut s = v.clone();
             s.sort_by(|a, b| a.total_cmp(b));
-            longhaul_bench::stats::percentile(&s, 90.0)
+            crate::stats::percentile(&s, 90.0)
         })
         .collect();
     rows.push((

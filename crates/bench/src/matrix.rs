@@ -11,19 +11,46 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::report::{Cell, Matrix, RrSweep};
+use crate::rr::RrResult;
+use crate::tput::TputResult;
 use anyhow::{bail, Context};
-use longhaul_bench::report::{Cell, Matrix, RrSweep};
-use longhaul_bench::rr::RrResult;
-use longhaul_bench::tput::TputResult;
 use longhaul_netem as ne;
 use tokio::process::{Child, Command};
 
-use crate::args::MatrixArgs;
 use crate::carriers::{self, CarrierKind};
 
 const BENCH_PORT: u16 = 5201;
 const CARRIER_PORT: u16 = 7000;
 const FORWARD_PORT: u16 = 5301;
+
+/// What `longhaul bench matrix` measures (the CLI's flags, parsed).
+#[derive(Debug, Clone)]
+pub struct MatrixOptions {
+    /// One-way delays (RTT = 2 × delay).
+    pub delay: Vec<Duration>,
+    /// Parallel connections per cell.
+    pub conns: Vec<u16>,
+    /// Seconds per measurement.
+    pub time: f64,
+    pub out: std::path::PathBuf,
+    /// Rate cap of the emulated link, bits per second.
+    pub rate: Option<u64>,
+    /// Random loss on the emulated link (0..1).
+    pub loss: f64,
+    /// Fixed socket buffers for the application (seed 001's scenario).
+    pub app_buffer: Option<u64>,
+    /// The namespaces' TCP buffer maximum.
+    pub tcp_buffers: Option<u64>,
+    pub rr_count: Option<usize>,
+    pub rr_sizes: Vec<u32>,
+    pub no_rr: bool,
+    /// Emulator instance name.
+    pub name: String,
+    pub congestion: Option<String>,
+    /// `tcp` or `tls`.
+    pub carrier: String,
+}
 
 /// Takes the emulator down when dropped (normal end, error, or Ctrl-C).
 struct NetemGuard(String);
@@ -106,7 +133,7 @@ fn fmt_elapsed(d: Duration) -> String {
     format!("{}:{:02}", s / 60, s % 60)
 }
 
-pub async fn run(a: MatrixArgs) -> anyhow::Result<()> {
+pub async fn run(a: MatrixOptions) -> anyhow::Result<()> {
     tokio::select! {
         r = run_inner(&a) => r,
         _ = tokio::signal::ctrl_c() => {
@@ -116,7 +143,7 @@ pub async fn run(a: MatrixArgs) -> anyhow::Result<()> {
     }
 }
 
-async fn run_inner(a: &MatrixArgs) -> anyhow::Result<()> {
+async fn run_inner(a: &MatrixOptions) -> anyhow::Result<()> {
     if a.delay.is_empty() || a.conns.is_empty() {
         bail!("give at least one --delay and one --conns value");
     }

@@ -1,0 +1,111 @@
+//! Time: keepalive PINGs, dead-peer and idle detection, and expiry of
+//! unanswered OPENs and BINDs, all against the caller's clock.
+
+use std::time::Duration;
+
+use super::stream::Phase;
+use super::{Event, Mux, Refused, MAX_BINDS, MAX_PINGS};
+use crate::frame::{Frame, Reason};
+
+impl Mux {
+    // ---- time -------------------------------------------------------
+
+    /// The peer was heard from (any bytes).
+    pub fn heard(&mut self, now: u64) {
+        self.last_rx = now;
+    }
+
+    /// When [`Mux::handle_timeout`] should run next.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if self.dead.is_some() {
+            return None;
+        }
+        let mut next: Option<u64> = None;
+        let mut at = |t: u64| next = Some(next.map_or(t, |n| n.min(t)));
+        if self.cfg.extensions {
+            at(self
+                .last_ping
+                .map_or(0, |p| p + self.cfg.keepalive.as_nanos() as u64));
+            at(self.last_rx + self.cfg.dead_after.as_nanos() as u64);
+        }
+        if let Some(idle) = self.cfg.idle_timeout {
+            at(self.busy_at + idle.as_nanos() as u64);
+        }
+        for s in self.streams.values() {
+            if let Phase::Opening { deadline } = s.phase {
+                at(deadline);
+            }
+        }
+        for &deadline in self.binds_out.values() {
+            at(deadline);
+        }
+        next
+    }
+
+    /// Runs what is due: keepalive PINGs, dead-peer and idle detection,
+    /// expiry of unanswered OPENs and BINDs.
+    pub fn handle_timeout(&mut self, now: u64) {
+        if self.dead.is_some() {
+            return;
+        }
+        let bytes = self.bytes_sent + self.bytes_received;
+        if !self.streams.is_empty() || bytes != self.last_bytes {
+            self.busy_at = now;
+            self.last_bytes = bytes;
+        }
+        if let Some(idle) = self.cfg.idle_timeout {
+            if now.saturating_sub(self.busy_at) >= idle.as_nanos() as u64 {
+                return self.close(format!("idle for {idle:?} (no streams; --idle-timeout)"));
+            }
+        }
+        if self.cfg.extensions {
+            let silent = now.saturating_sub(self.last_rx);
+            if silent > self.cfg.dead_after.as_nanos() as u64 {
+                return self.close(format!(
+                    "peer unresponsive for {:?}",
+                    Duration::from_nanos(silent)
+                ));
+            }
+            let due = self
+                .last_ping
+                .is_none_or(|p| now >= p + self.cfg.keepalive.as_nanos() as u64);
+            if due {
+                self.last_ping = Some(now);
+                if self.pings.len() >= MAX_PINGS {
+                    self.pings.pop_front();
+                }
+                self.pings.push_back(now);
+                self.send_control(Frame::Ping { nonce: now });
+            }
+        }
+        let expired: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| matches!(s.phase, Phase::Opening { deadline } if deadline <= now))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in expired {
+            self.expire_open(id);
+        }
+        let binds: Vec<u32> = self
+            .binds_out
+            .iter()
+            .filter(|(_, &d)| d <= now)
+            .map(|(&r, _)| r)
+            .collect();
+        for request in binds {
+            self.binds_out.remove(&request);
+            if self.binds_expired.len() >= MAX_BINDS {
+                self.binds_expired.pop_front();
+            }
+            self.binds_expired.push_back(request);
+            self.events.push_back(Event::BindAnswered {
+                request,
+                result: Err(Refused::new(
+                    Reason::TTL_EXPIRED,
+                    "no answer to the reverse-forward request",
+                )),
+            });
+        }
+    }
+}
