@@ -10,7 +10,7 @@ use longhaul_proto::handshake;
 use longhaul_proto::window::WindowConfig;
 use tokio::net::TcpStream;
 
-use crate::handle::SessionHandle;
+use crate::runtime::SessionHandle;
 
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 

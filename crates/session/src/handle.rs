@@ -9,24 +9,17 @@ use longhaul_proto::handshake::{self, Hello, HELLO_LEN};
 use longhaul_proto::mux::{Mux, MuxConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
 
 use crate::config::{Acceptor, Mode, OpenRefused, SessionConfig, SessionError, SessionStats};
 use crate::housekeeping::housekeeping;
 use crate::reader::carrier_reader;
-use crate::runtime::{Shared, StreamIo, StreamRt};
+use crate::runtime::{SessionHandle, Shared};
 use crate::writer::carrier_writer;
 
 /// How long a closing session's writer may still take to write what it
 /// has (a peer that stopped reading) before it is cancelled and the carrier
 /// dropped.
 const WRITER_GRACE: Duration = Duration::from_secs(2);
-
-/// A cheap, clonable handle to a running session.
-#[derive(Clone)]
-pub struct SessionHandle {
-    pub(crate) shared: Arc<Shared>,
-}
 
 /// A stream the peer accepted, not yet attached to a local socket. Dropping
 /// it closes the stream.
@@ -40,9 +33,7 @@ impl Opened {
     /// Starts relaying between the stream and `sock`.
     pub fn attach(mut self, sock: TcpStream) {
         self.attached = true;
-        let shared = self.shared.clone();
-        let mut st = shared.lock();
-        shared.spawn_pumps(&mut st, self.id, sock);
+        crate::stream::spawn_pumps(&self.shared, self.id, sock);
     }
 
     pub fn id(&self) -> u32 {
@@ -53,9 +44,8 @@ impl Opened {
 impl Drop for Opened {
     fn drop(&mut self) {
         if !self.attached {
-            let mut st = self.shared.lock();
-            st.mux.abandon(self.id);
-            self.shared.dispatch(&mut st);
+            let id = self.id;
+            self.shared.with(|m, _| m.abandon(id));
         }
     }
 }
@@ -71,10 +61,7 @@ struct PendingOpen<'a> {
 impl Drop for PendingOpen<'_> {
     fn drop(&mut self) {
         if !self.answered {
-            let mut st = self.shared.lock();
-            st.opens.remove(&self.id);
-            st.mux.abandon(self.id);
-            self.shared.dispatch(&mut st);
+            self.shared.give_up_open(self.id);
         }
     }
 }
@@ -162,25 +149,7 @@ impl SessionHandle {
     /// Opens a stream to `dest` (`tcp://host:port`) at the peer.
     pub async fn open(&self, dest: &str) -> Result<Opened, OpenRefused> {
         let sh = &self.shared;
-        let (tx, rx) = oneshot::channel();
-        let id = {
-            let mut st = sh.lock();
-            let now = sh.now_ns();
-            let id = st.mux.open(dest, now).map_err(|r| OpenRefused {
-                reason: r.reason,
-                description: r.description,
-            })?;
-            st.opens.insert(id, tx);
-            st.streams.insert(
-                id,
-                StreamRt {
-                    io: Arc::new(StreamIo::default()),
-                    uplink: None,
-                },
-            );
-            sh.dispatch(&mut st);
-            id
-        };
+        let (id, rx) = sh.open_stream(dest)?;
         let mut pending = PendingOpen {
             shared: sh,
             id,
@@ -208,18 +177,7 @@ impl SessionHandle {
 
     /// Asks the peer to listen on `bind` and open streams back to `dest`.
     pub async fn bind(&self, bind: &str, dest: &str) -> Result<u16, OpenRefused> {
-        let sh = &self.shared;
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut st = sh.lock();
-            let now = sh.now_ns();
-            let request = st.mux.bind(bind, dest, now).map_err(|r| OpenRefused {
-                reason: r.reason,
-                description: r.description,
-            })?;
-            st.binds.insert(request, tx);
-            sh.dispatch(&mut st);
-        }
+        let rx = self.shared.bind_request(bind, dest)?;
         // The core expires the BIND after `open_timeout`.
         match rx.await {
             Ok(r) => r,
@@ -241,7 +199,7 @@ impl SessionHandle {
     }
 
     pub fn close_reason(&self) -> Option<String> {
-        self.shared.lock().mux.dead().map(str::to_owned)
+        self.shared.with(|m, _| m.dead().map(str::to_owned))
     }
 
     pub fn is_closed(&self) -> bool {
@@ -258,11 +216,7 @@ impl SessionHandle {
     /// whatever the peer does.
     pub async fn shutdown(&self, why: &str, grace: Duration) {
         let sh = &self.shared;
-        {
-            let mut st = sh.lock();
-            st.mux.shutdown(why);
-            sh.dispatch(&mut st);
-        }
+        sh.with(|m, _| m.shutdown(why));
         sh.wake_writer.notify_one();
         let mut finished = sh.finished_tx.subscribe();
         let done = tokio::time::timeout(grace, finished.wait_for(|f| *f)).await;
@@ -276,7 +230,7 @@ impl SessionHandle {
     }
 
     pub fn stats(&self) -> SessionStats {
-        let s = self.shared.lock().mux.stats();
+        let s = self.shared.with(|m, _| m.stats());
         SessionStats {
             streams: s.streams,
             budget_used: s.budget_used,

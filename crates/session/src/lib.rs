@@ -30,6 +30,7 @@ mod handle;
 mod housekeeping;
 mod inbound;
 mod reader;
+mod requests;
 mod runtime;
 mod stream;
 mod writer;
@@ -37,4 +38,5 @@ mod writer;
 pub use config::{
     Acceptor, BoxFuture, Mode, OpenRefused, SessionConfig, SessionError, SessionStats,
 };
-pub use handle::{Opened, Session, SessionHandle};
+pub use handle::{Opened, Session};
+pub use runtime::SessionHandle;

@@ -16,7 +16,8 @@ use longhaul_carrier::BoxRead;
 use longhaul_proto::frame::{self, DecodeLimits};
 use tokio::io::AsyncReadExt;
 
-use crate::runtime::Shared;
+use crate::requests::{connect_for_peer, serve_bind};
+use crate::runtime::{Shared, Work};
 
 /// Carrier read buffer size.
 pub(crate) const READ_CHUNK: usize = 512 * 1024;
@@ -67,13 +68,16 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, limits: 
         loop {
             match frame::decode(&mut buf, limits) {
                 Ok(Some(f)) => {
-                    let mut st = shared.lock();
-                    st.may_slice = may_slice;
-                    let now = shared.now_ns();
-                    let r = st.mux.handle_frame(f, now);
-                    // A violation is logged by `dispatch`, with its reason.
-                    shared.dispatch(&mut st);
-                    if r.is_err() || st.mux.dead().is_some() {
+                    let (ended, work) = shared.handle_frame(f, may_slice);
+                    for w in work {
+                        match w {
+                            Work::Connect(open, dest) => connect_for_peer(&shared, open, dest),
+                            Work::Bind(request, bind, dest) => {
+                                serve_bind(&shared, request, bind, dest)
+                            }
+                        }
+                    }
+                    if ended {
                         return;
                     }
                 }

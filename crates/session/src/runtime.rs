@@ -8,16 +8,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use longhaul_proto::frame::Reason;
+use longhaul_proto::frame::Frame;
 use longhaul_proto::mux::{Event, IncomingOpen, Mux, Refused};
-use tokio::net::TcpStream;
 use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::AbortHandle;
 
 use crate::config::{Acceptor, OpenRefused, SessionConfig};
-use crate::handle::SessionHandle;
 use crate::inbound::InQueue;
-use crate::stream::{downlink, uplink};
 
 /// What a stream's pumps share with the rest of the session without taking
 /// the session lock: their wake-ups and the inbound queue.
@@ -57,6 +54,13 @@ impl StreamIo {
     }
 }
 
+/// A cheap, clonable handle to a running session (its methods are in
+/// [`crate::handle`]).
+#[derive(Clone)]
+pub struct SessionHandle {
+    pub(crate) shared: Arc<Shared>,
+}
+
 /// The runtime's side of one stream.
 pub(crate) struct StreamRt {
     pub io: Arc<StreamIo>,
@@ -66,15 +70,25 @@ pub(crate) struct StreamRt {
 type OpenReply = oneshot::Sender<Result<(), OpenRefused>>;
 type BindReply = oneshot::Sender<Result<u16, OpenRefused>>;
 
+/// What the peer asked for that needs a task: started by the reader
+/// ([`crate::reader`]) once the frame is handled.
+pub(crate) enum Work {
+    /// Connect to `dest`, then answer the OPEN.
+    Connect(IncomingOpen, String),
+    /// Listen on `bind` for streams to `dest`, then answer the BIND.
+    Bind(u32, String, String),
+}
+
 pub(crate) struct State {
-    pub mux: Mux,
-    pub streams: HashMap<u32, StreamRt>,
+    mux: Mux,
+    streams: HashMap<u32, StreamRt>,
     /// Openers waiting for the peer's answer.
-    pub opens: HashMap<u32, OpenReply>,
-    pub binds: HashMap<u32, BindReply>,
+    opens: HashMap<u32, OpenReply>,
+    binds: HashMap<u32, BindReply>,
     /// DATA may be queued as slices of the carrier's read buffer (the
     /// reader says so before each batch of frames).
-    pub may_slice: bool,
+    may_slice: bool,
+    work: Vec<Work>,
     /// `teardown` has run: waiters told, tasks stopping.
     torn_down: bool,
 }
@@ -112,6 +126,7 @@ impl Shared {
                 opens: HashMap::new(),
                 binds: HashMap::new(),
                 may_slice: true,
+                work: Vec::new(),
                 torn_down: false,
             }),
             wake_writer: Notify::new(),
@@ -124,7 +139,7 @@ impl Shared {
         }
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         // A poisoned lock means a task panicked mid-update; the state may be
         // inconsistent, but closing cleanly still needs it.
         self.st.lock().unwrap_or_else(|p| p.into_inner())
@@ -225,7 +240,7 @@ impl Shared {
                     s.io.up.notify_one();
                 }
             }
-            Event::OpenRequest { open, dest } => self.connect_for_peer(open, dest),
+            Event::OpenRequest { open, dest } => st.work.push(Work::Connect(open, dest)),
             Event::OpenAnswered { id, result } => {
                 let delivered = match st.opens.remove(&id) {
                     Some(tx) => tx.send(result.clone().map_err(refused)).is_ok(),
@@ -242,19 +257,7 @@ impl Shared {
                 request,
                 bind,
                 dest,
-            } => {
-                let me = self.clone();
-                let handle = SessionHandle {
-                    shared: self.clone(),
-                };
-                let fut = self.acceptor.bind(bind, dest, handle);
-                tokio::spawn(async move {
-                    let r = fut.await.map_err(|e| Refused::new(e.reason, e.description));
-                    let mut st = me.lock();
-                    st.mux.answer_bind(request, r);
-                    me.dispatch(&mut st);
-                });
-            }
+            } => st.work.push(Work::Bind(request, bind, dest)),
             Event::BindAnswered { request, result } => {
                 if let Some(tx) = st.binds.remove(&request) {
                     let _ = tx.send(result.map_err(refused));
@@ -263,49 +266,91 @@ impl Shared {
         }
     }
 
-    /// Connects to what the peer asked for (bounded by `open_timeout`),
-    /// then answers the OPEN.
-    fn connect_for_peer(self: &Arc<Self>, open: IncomingOpen, dest: String) {
-        let me = self.clone();
-        let fut = self.acceptor.connect(dest.clone());
-        let limit = self.config.open_timeout;
-        tokio::spawn(async move {
-            let r = match tokio::time::timeout(limit, fut).await {
-                Ok(r) => r,
-                Err(_) => Err(OpenRefused::new(
-                    Reason::TTL_EXPIRED,
-                    format!("target did not answer within {limit:?}"),
-                )),
-            };
-            let mut guard = me.lock();
-            let st = &mut *guard;
-            match r {
-                Ok(sock) => {
-                    if let Some(id) = st.mux.accept_open(open, me.now_ns()) {
-                        tracing::debug!(peer = %me.peer, %dest, stream = id, "stream opened by peer");
-                        let io = Arc::new(StreamIo::default());
-                        st.streams.insert(id, StreamRt { io, uplink: None });
-                        me.spawn_pumps(st, id, sock);
-                    }
-                }
-                Err(e) => {
-                    tracing::info!(peer = %me.peer, %dest, reason = %e, "stream refused");
-                    st.mux
-                        .refuse_open(open, Refused::new(e.reason, e.description));
-                }
-            }
-            me.dispatch(st);
-        });
+    /// Hands one frame from the peer to the core; returns whether the
+    /// session ended and the work the frame asked for.
+    pub fn handle_frame(self: &Arc<Self>, f: Frame, may_slice: bool) -> (bool, Vec<Work>) {
+        let mut st = self.lock();
+        st.may_slice = may_slice;
+        let now = self.now_ns();
+        let r = st.mux.handle_frame(f, now);
+        // A violation is logged by `dispatch`, with its reason.
+        self.dispatch(&mut st);
+        let ended = r.is_err() || st.mux.dead().is_some();
+        (ended, std::mem::take(&mut st.work))
     }
 
-    pub fn spawn_pumps(self: &Arc<Self>, st: &mut State, id: u32, sock: TcpStream) {
-        let Some(s) = st.streams.get_mut(&id) else {
-            return;
-        };
-        let _ = longhaul_carrier::tune_socket(&sock);
-        let (r, w) = sock.into_split();
-        let up = tokio::spawn(uplink(self.clone(), id, s.io.clone(), r));
-        tokio::spawn(downlink(self.clone(), id, s.io.clone(), w));
-        s.uplink = Some(up.abort_handle());
+    /// Opens a stream: registers its runtime side and the opener's reply.
+    pub fn open_stream(
+        self: &Arc<Self>,
+        dest: &str,
+    ) -> Result<(u32, oneshot::Receiver<Result<(), OpenRefused>>), OpenRefused> {
+        let (tx, rx) = oneshot::channel();
+        let mut st = self.lock();
+        let id = st.mux.open(dest, self.now_ns()).map_err(refused)?;
+        st.opens.insert(id, tx);
+        st.streams.insert(
+            id,
+            StreamRt {
+                io: Arc::new(StreamIo::default()),
+                uplink: None,
+            },
+        );
+        self.dispatch(&mut st);
+        Ok((id, rx))
+    }
+
+    /// The opener of `id` stopped waiting.
+    pub fn give_up_open(self: &Arc<Self>, id: u32) {
+        let mut st = self.lock();
+        st.opens.remove(&id);
+        st.mux.abandon(id);
+        self.dispatch(&mut st);
+    }
+
+    /// Asks the peer for a reverse listener; the answer comes on the receiver.
+    pub fn bind_request(
+        self: &Arc<Self>,
+        bind: &str,
+        dest: &str,
+    ) -> Result<oneshot::Receiver<Result<u16, OpenRefused>>, OpenRefused> {
+        let (tx, rx) = oneshot::channel();
+        let mut st = self.lock();
+        let request = st.mux.bind(bind, dest, self.now_ns()).map_err(refused)?;
+        st.binds.insert(request, tx);
+        self.dispatch(&mut st);
+        Ok(rx)
+    }
+
+    /// A stream the peer opened, accepted: its runtime side.
+    pub fn accepted(self: &Arc<Self>, open: IncomingOpen) -> Option<(u32, Arc<StreamIo>)> {
+        let mut st = self.lock();
+        let id = st.mux.accept_open(open, self.now_ns());
+        let r = id.map(|id| {
+            let io = Arc::new(StreamIo::default());
+            st.streams.insert(
+                id,
+                StreamRt {
+                    io: io.clone(),
+                    uplink: None,
+                },
+            );
+            (id, io)
+        });
+        self.dispatch(&mut st);
+        r
+    }
+
+    /// The inbound queue and wake-ups of stream `id`, if it is still there.
+    pub fn stream_io(&self, id: u32) -> Option<Arc<StreamIo>> {
+        self.lock().streams.get(&id).map(|s| s.io.clone())
+    }
+
+    /// Records the task reading stream `id`'s socket, so that closing the
+    /// stream stops it; stops it at once if the stream is already gone.
+    pub fn set_uplink(&self, id: u32, task: AbortHandle) {
+        match self.lock().streams.get_mut(&id) {
+            Some(s) => s.uplink = Some(task),
+            None => task.abort(),
+        }
     }
 }

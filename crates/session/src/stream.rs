@@ -11,6 +11,7 @@ use std::sync::Arc;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
 
 use crate::inbound::{compact_parts, Part};
 use crate::runtime::{Shared, StreamIo};
@@ -26,6 +27,18 @@ const UPLINK_FIRST_READ: usize = 64 * 1024;
 /// A read that fills less than this share of its buffer is copied out, so
 /// queued frames never pin much more memory than the bytes they carry.
 const SHORT_READ_SHARE: usize = 4;
+
+/// Starts relaying between stream `id` and `sock`: its two pumps.
+pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: TcpStream) {
+    let Some(io) = shared.stream_io(id) else {
+        return;
+    };
+    let _ = longhaul_carrier::tune_socket(&sock);
+    let (r, w) = sock.into_split();
+    let up = tokio::spawn(uplink(shared.clone(), id, io.clone(), r));
+    tokio::spawn(downlink(shared.clone(), id, io, w));
+    shared.set_uplink(id, up.abort_handle());
+}
 
 /// Local socket → DATA frames, as fast as the peer's credit and the
 /// stream's send queue allow.

@@ -27,33 +27,32 @@ pub(crate) async fn carrier_writer(
 ) {
     let mut batch: VecDeque<OutFrame> = VecDeque::with_capacity(MAX_IOV);
     let mut backed_up = false;
-    let mut drained;
+    let mut drained = true;
     let mut dirty = false;
     loop {
-        {
-            let mut st = shared.lock();
-            if st.mux.dead().is_some() {
-                shared.dispatch(&mut st);
-                break;
+        let limit = if backed_up {
+            BACKLOG_BATCH_BYTES
+        } else {
+            WRITE_BATCH_BYTES
+        };
+        // Streams waiting for queue room are told (`with` dispatches).
+        let (dead, goodbye) = shared.with(|m, _| {
+            if m.dead().is_some() {
+                return (true, None);
             }
-            let limit = if backed_up {
-                BACKLOG_BATCH_BYTES
-            } else {
-                WRITE_BATCH_BYTES
-            };
             // Two iovecs per DATA frame (header, payload).
-            st.mux.poll_transmit(&mut batch, limit, MAX_IOV / 2);
-            drained = !st.mux.has_output();
-            if drained && batch.is_empty() && !dirty {
-                if let Some(why) = st.mux.goodbye_done().map(str::to_owned) {
-                    // Shutting down, and every CLOSE has been written.
-                    drop(st);
-                    shared.close(why);
-                    break;
-                }
-            }
-            // Streams waiting for queue room may read again.
-            shared.dispatch(&mut st);
+            m.poll_transmit(&mut batch, limit, MAX_IOV / 2);
+            drained = !m.has_output();
+            let idle = drained && batch.is_empty() && !dirty;
+            (false, m.goodbye_done().filter(|_| idle).map(str::to_owned))
+        });
+        if dead {
+            break;
+        }
+        if let Some(why) = goodbye {
+            // Shutting down, and every CLOSE has been written.
+            shared.close(why);
+            break;
         }
         if batch.is_empty() {
             if dirty {
@@ -145,22 +144,20 @@ fn advance(batch: &mut VecDeque<OutFrame>, mut n: usize) {
 fn pull_urgent(shared: &Arc<Shared>, batch: &mut VecDeque<OutFrame>) -> usize {
     let mut urgent: Vec<OutFrame> = Vec::new();
     let in_batch = |r: Option<u32>| r.is_some_and(|r| batch.iter().any(|f| f.recipient == Some(r)));
-    {
-        let mut st = shared.lock();
-        while let Some(f) = st.mux.pop_control_if(|r| !in_batch(r)) {
+    shared.with(|m, _| {
+        while let Some(f) = m.pop_control_if(|r| !in_batch(r)) {
             urgent.push(f);
         }
         // DATA may only follow the whole control lane (the core checks): an
         // OPEN_SUCCESS still waiting there must reach the peer before its
         // stream's first DATA.
         while urgent.len() < MAX_IOV / 4 {
-            let Some(f) = st.mux.pop_new_data_if(|f| !in_batch(f.recipient)) else {
+            let Some(f) = m.pop_new_data_if(|f| !in_batch(f.recipient)) else {
                 break;
             };
             urgent.push(f);
         }
-        shared.dispatch(&mut st);
-    }
+    });
     if urgent.is_empty() {
         return 0;
     }
@@ -222,7 +219,7 @@ async fn write_batch(
                 // Wakes from bulk pushes find nothing urgent and just wait
                 // again; the outer loop looks at the queues before it sleeps,
                 // so consuming the wake here loses no work.
-                if shared.lock().mux.dead().is_some() {
+                if shared.with(|m, _| m.dead().is_some()) {
                     return Err(io::Error::other("session closed"));
                 }
                 continue;

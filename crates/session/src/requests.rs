@@ -1,0 +1,55 @@
+//! What the peer asks for that needs a task of its own: a connection to a
+//! target for its OPEN, a listener for its BIND. Started by the carrier
+//! reader once the frame is handled; each answers the core when done.
+
+use std::sync::Arc;
+
+use longhaul_proto::frame::Reason;
+use longhaul_proto::mux::{IncomingOpen, Refused};
+
+use crate::config::OpenRefused;
+use crate::runtime::{SessionHandle, Shared};
+use crate::stream::spawn_pumps;
+
+/// Connects to what the peer asked for (bounded by `open_timeout`), then
+/// answers its OPEN.
+pub(crate) fn connect_for_peer(shared: &Arc<Shared>, open: IncomingOpen, dest: String) {
+    let me = shared.clone();
+    let fut = shared.acceptor.connect(dest.clone());
+    let limit = shared.config.open_timeout;
+    tokio::spawn(async move {
+        let r = match tokio::time::timeout(limit, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(OpenRefused::new(
+                Reason::TTL_EXPIRED,
+                format!("target did not answer within {limit:?}"),
+            )),
+        };
+        match r {
+            Ok(sock) => {
+                if let Some((id, _)) = me.accepted(open) {
+                    tracing::debug!(peer = %me.peer, %dest, stream = id, "stream opened by peer");
+                    spawn_pumps(&me, id, sock);
+                }
+            }
+            Err(e) => {
+                tracing::info!(peer = %me.peer, %dest, reason = %e, "stream refused");
+                me.with(|m, _| m.refuse_open(open, Refused::new(e.reason, e.description)));
+            }
+        }
+    });
+}
+
+/// Listens where the peer asked (through the acceptor's rules), then
+/// answers its BIND.
+pub(crate) fn serve_bind(shared: &Arc<Shared>, request: u32, bind: String, dest: String) {
+    let me = shared.clone();
+    let handle = SessionHandle {
+        shared: shared.clone(),
+    };
+    let fut = shared.acceptor.bind(bind, dest, handle);
+    tokio::spawn(async move {
+        let r = fut.await.map_err(|e| Refused::new(e.reason, e.description));
+        me.with(|m, _| m.answer_bind(request, r));
+    });
+}
