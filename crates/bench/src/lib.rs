@@ -3,11 +3,13 @@
 //! measures a direct path and a path through a longhaul forward.
 //!
 //! Wire protocol between `bench tput`/`rr` and `bench server` (all big endian):
-//! a 16-byte hello `"LHB1" | mode u8 | 3 reserved | duration_ms u32 | 4 reserved`,
+//! a 16-byte hello `"LHB1" | mode u8 | 3 reserved | duration_ms u32 | omit_ms u32`,
 //! then
-//! * mode 1 (upload): the client sends for the duration, shuts its write
-//!   side; the server counts to EOF and answers the count as u64;
-//! * mode 2 (download, `-R`): the server sends for the duration and closes;
+//! * mode 1 (upload): the client sends for omit + duration, shuts its write
+//!   side; the server counts to EOF ([`ReceiveMeter`]) and answers
+//!   `omitted u64 | measured u64 | measured_us u64`;
+//! * mode 2 (download, `-R`): the server sends for omit + duration and
+//!   closes; the client counts the same way;
 //! * mode 3 (request/response): repeated `size u32 | size bytes`, each
 //!   echoed back by the server.
 #![forbid(unsafe_code)]
@@ -30,12 +32,59 @@ pub const MAX_RR_SIZE: u32 = 16 * 1024 * 1024;
 /// Longest test a server agrees to run.
 pub const MAX_DURATION_MS: u32 = 3_600_000;
 
-pub fn hello(mode: u8, duration_ms: u32) -> [u8; 16] {
+/// The 16-byte hello. `omit_ms`: a warm-up at the start (slow start, window
+/// growth) that is not measured, like iperf3's `-O`.
+pub fn hello(mode: u8, duration_ms: u32, omit_ms: u32) -> [u8; 16] {
     let mut h = [0u8; 16];
     h[..4].copy_from_slice(MAGIC);
     h[4] = mode;
     h[8..12].copy_from_slice(&duration_ms.to_be_bytes());
+    h[12..16].copy_from_slice(&omit_ms.to_be_bytes());
     h
+}
+
+/// Counts received bytes the way iperf3's receiver does: the clock starts
+/// at the first byte; bytes that arrive within the warm-up are reported
+/// apart; the measured span runs from the end of the warm-up to the last
+/// byte.
+#[derive(Debug, Clone, Copy)]
+pub struct ReceiveMeter {
+    omit: std::time::Duration,
+    first: Option<std::time::Instant>,
+    last: Option<std::time::Instant>,
+    pub omitted: u64,
+    pub measured: u64,
+}
+
+impl ReceiveMeter {
+    pub fn new(omit: std::time::Duration) -> ReceiveMeter {
+        ReceiveMeter {
+            omit,
+            first: None,
+            last: None,
+            omitted: 0,
+            measured: 0,
+        }
+    }
+
+    pub fn add(&mut self, n: usize) {
+        let now = std::time::Instant::now();
+        let first = *self.first.get_or_insert(now);
+        if now < first + self.omit {
+            self.omitted += n as u64;
+        } else {
+            self.measured += n as u64;
+        }
+        self.last = Some(now);
+    }
+
+    /// Seconds from the end of the warm-up to the last byte.
+    pub fn seconds(&self) -> f64 {
+        match (self.first, self.last) {
+            (Some(f), Some(l)) => l.saturating_duration_since(f + self.omit).as_secs_f64(),
+            _ => 0.0,
+        }
+    }
 }
 
 /// Connects to a bench peer, optionally with fixed socket buffers (an

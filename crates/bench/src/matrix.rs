@@ -33,6 +33,8 @@ pub struct MatrixOptions {
     pub conns: Vec<u16>,
     /// Seconds per measurement.
     pub time: f64,
+    /// Warm-up before each throughput measurement, not measured.
+    pub omit: f64,
     pub out: std::path::PathBuf,
     /// Rate cap of the emulated link, bits per second.
     pub rate: Option<u64>,
@@ -172,6 +174,7 @@ async fn run_inner(a: &MatrixOptions) -> anyhow::Result<()> {
     let mut step = 0usize;
     let mut matrix = Matrix {
         seconds_per_cell: t,
+        omit_seconds: a.omit,
         rate: a.rate.map(|r| format!("{} Mbit/s", r / 1_000_000)),
         loss: (a.loss > 0.0).then(|| format!("{:.3}%", a.loss * 100.0)),
         app_buffer: a.app_buffer,
@@ -249,6 +252,8 @@ async fn run_inner(a: &MatrixOptions) -> anyhow::Result<()> {
                     &conns.to_string(),
                     "-t",
                     &t.to_string(),
+                    "-O",
+                    &a.omit.to_string(),
                     "-i",
                     "0",
                     "--json",

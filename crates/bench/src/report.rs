@@ -43,6 +43,9 @@ pub struct Matrix {
     /// carriers could be chosen (those were `tcp`).
     #[serde(default)]
     pub carrier: Option<String>,
+    /// Warm-up left out of each throughput measurement (iperf3's -O).
+    #[serde(default)]
+    pub omit_seconds: f64,
     pub cells: Vec<Cell>,
     pub rr: Vec<RrSweep>,
 }
@@ -60,9 +63,10 @@ impl Matrix {
     pub fn markdown(&self) -> String {
         let mut s = String::from("# longhaul bench matrix\n\n");
         s += &format!(
-            "longhaul carrier {}; {} s per cell; rate {}; loss {}; application socket buffers {}; namespace TCP buffer max {}.\n\n",
+            "longhaul carrier {}; {} s per cell after a {} s warm-up that is not measured; rate {}; loss {}; application socket buffers {}; namespace TCP buffer max {}.\n\n",
             self.carrier.as_deref().unwrap_or("tcp"),
             self.seconds_per_cell,
+            self.omit_seconds,
             self.rate.as_deref().unwrap_or("unlimited"),
             self.loss.as_deref().unwrap_or("0"),
             self.app_buffer.map_or("default".into(), |b| format!("{b} B")),
@@ -260,12 +264,14 @@ mod tests {
                     bytes: (bps / n as f64) as u64,
                     seconds: 1.0,
                     bytes_per_sec: bps / n as f64,
+                    omitted_bytes: 0,
                 })
                 .collect(),
             total_bytes: bps as u64,
             total_bytes_per_sec: bps,
             bits_per_sec: bps * 8.0,
             jain: 1.0,
+            omit_seconds: 0.0,
             cpu_seconds: 0.1,
         }
     }
@@ -293,6 +299,7 @@ mod tests {
     fn report_shapes() {
         let m = Matrix {
             seconds_per_cell: 1.0,
+            omit_seconds: 0.0,
             rate: None,
             loss: None,
             app_buffer: None,

@@ -35,23 +35,29 @@ async fn serve(mut s: TcpStream) -> std::io::Result<()> {
         return Err(std::io::Error::other("not a longhaul bench client"));
     }
     let dur = u32::from_be_bytes([h[8], h[9], h[10], h[11]]).min(MAX_DURATION_MS);
+    let omit = u32::from_be_bytes([h[12], h[13], h[14], h[15]]).min(MAX_DURATION_MS);
     match h[4] {
         MODE_UPLOAD => {
             let mut buf = vec![0u8; BLOCK];
-            let mut total: u64 = 0;
+            let mut meter = ReceiveMeter::new(Duration::from_millis(omit as u64));
             loop {
                 let n = s.read(&mut buf).await?;
                 if n == 0 {
                     break;
                 }
-                total += n as u64;
+                meter.add(n);
             }
-            s.write_all(&total.to_be_bytes()).await?;
+            let mut reply = [0u8; 24];
+            reply[..8].copy_from_slice(&meter.omitted.to_be_bytes());
+            reply[8..16].copy_from_slice(&meter.measured.to_be_bytes());
+            let us = (meter.seconds() * 1e6) as u64;
+            reply[16..].copy_from_slice(&us.to_be_bytes());
+            s.write_all(&reply).await?;
             s.shutdown().await?;
         }
         MODE_DOWNLOAD => {
             let buf = vec![0x5au8; BLOCK];
-            let end = Instant::now() + Duration::from_millis(dur as u64);
+            let end = Instant::now() + Duration::from_millis(dur as u64 + omit as u64);
             while Instant::now() < end {
                 s.write_all(&buf).await?;
             }

@@ -22,13 +22,20 @@ pub struct TputOptions {
     pub buffer: Option<u32>,
     /// Print a line per interval (None: quiet).
     pub interval: Option<Duration>,
+    /// Warm-up not measured (iperf3's `-O`): slow start and window growth.
+    pub omit: Duration,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StreamResult {
+    /// Bytes received after the warm-up.
     pub bytes: u64,
+    /// From the end of the warm-up to the last byte received.
     pub seconds: f64,
     pub bytes_per_sec: f64,
+    /// Bytes received during the warm-up (not in the rate).
+    #[serde(default)]
+    pub omitted_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -43,6 +50,9 @@ pub struct TputResult {
     pub bits_per_sec: f64,
     pub jain: f64,
     pub cpu_seconds: f64,
+    /// The warm-up left out of every figure above, in seconds.
+    #[serde(default)]
+    pub omit_seconds: f64,
 }
 
 const BLOCK: usize = 128 * 1024;
@@ -53,42 +63,53 @@ async fn one_stream(
 ) -> std::io::Result<StreamResult> {
     let mut s = connect(&opts.addr, opts.buffer).await?;
     let ms = opts.duration.as_millis().min(MAX_DURATION_MS as u128) as u32;
+    let omit_ms = opts.omit.as_millis().min(MAX_DURATION_MS as u128) as u32;
     let mode = if opts.reverse {
         MODE_DOWNLOAD
     } else {
         MODE_UPLOAD
     };
-    s.write_all(&hello(mode, ms)).await?;
-    let start = Instant::now();
-    let bytes = if opts.reverse {
+    s.write_all(&hello(mode, ms, omit_ms)).await?;
+    let (omitted, bytes, seconds) = if opts.reverse {
         let mut buf = vec![0u8; BLOCK];
-        let mut total = 0u64;
+        let mut meter = ReceiveMeter::new(opts.omit);
         loop {
             let n = s.read(&mut buf).await?;
             if n == 0 {
                 break;
             }
-            total += n as u64;
+            meter.add(n);
             counter.fetch_add(n as u64, Ordering::Relaxed);
         }
-        total
+        (meter.omitted, meter.measured, meter.seconds())
     } else {
+        // A plain blocking sender: one block after another, as fast as the
+        // socket takes them, for the warm-up plus the measured time.
         let buf = vec![0xa5u8; BLOCK];
-        let end = start + opts.duration;
+        let end = Instant::now() + opts.omit + opts.duration;
         while Instant::now() < end {
             s.write_all(&buf).await?;
             counter.fetch_add(BLOCK as u64, Ordering::Relaxed);
         }
         s.shutdown().await?;
-        let mut got = [0u8; 8];
+        let mut got = [0u8; 24];
         s.read_exact(&mut got).await?;
-        u64::from_be_bytes(got)
+        let word = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&got[i * 8..i * 8 + 8]);
+            u64::from_be_bytes(b)
+        };
+        (word(0), word(1), word(2) as f64 / 1e6)
     };
-    let seconds = start.elapsed().as_secs_f64();
     Ok(StreamResult {
         bytes,
         seconds,
-        bytes_per_sec: bytes as f64 / seconds,
+        bytes_per_sec: if seconds > 0.0 {
+            bytes as f64 / seconds
+        } else {
+            0.0
+        },
+        omitted_bytes: omitted,
     })
 }
 
@@ -138,6 +159,7 @@ pub async fn run(opts: TputOptions) -> std::io::Result<TputResult> {
         reverse: opts.reverse,
         seconds,
         jain: jain(&rates),
+        omit_seconds: opts.omit.as_secs_f64(),
         streams,
         total_bytes,
         total_bytes_per_sec,
@@ -166,6 +188,14 @@ impl TputResult {
             self.jain,
             self.cpu_seconds
         );
+        if self.omit_seconds > 0.0 {
+            let omitted: u64 = self.streams.iter().map(|s| s.omitted_bytes).sum();
+            out += &format!(
+                "      (a {:.1} s warm-up before that, {:.1} MB, is not counted)\n",
+                self.omit_seconds,
+                omitted as f64 / 1e6
+            );
+        }
         out
     }
 }

@@ -341,6 +341,9 @@ pub struct MatrixArgs {
     /// Seconds per measurement.
     #[arg(short = 't', long, default_value_t = 10.0)]
     pub time: f64,
+    /// Seconds of warm-up before each throughput measurement, not measured (iperf3's -O).
+    #[arg(short = 'O', long, default_value_t = 2.0, value_parser = parse_omit)]
+    pub omit: f64,
     /// Output directory.
     #[arg(long, default_value = "report")]
     pub out: std::path::PathBuf,
@@ -398,6 +401,9 @@ pub struct TputArgs {
     /// Reverse: the server sends.
     #[arg(short = 'R', long)]
     pub reverse: bool,
+    /// Seconds of warm-up (slow start) left out of the result, like iperf3's -O.
+    #[arg(short = 'O', long, default_value_t = 0.0, value_parser = parse_omit)]
+    pub omit: f64,
     /// Seconds between progress lines (0: none).
     #[arg(short = 'i', long, default_value_t = 1.0)]
     pub interval: f64,
@@ -407,6 +413,13 @@ pub struct TputArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_omit(x: &str) -> Result<f64, String> {
+    x.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && (0.0..=600.0).contains(v))
+        .ok_or_else(|| format!("--omit '{x}': seconds from 0 to 600"))
 }
 
 fn parse_rr_size(x: &str) -> Result<u32, String> {
@@ -463,6 +476,7 @@ impl From<MatrixArgs> for longhaul_bench::matrix::MatrixOptions {
             delay: a.delay,
             conns: a.conns,
             time: a.time,
+            omit: a.omit,
             out: a.out,
             rate: a.rate,
             loss: a.loss,

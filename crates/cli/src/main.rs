@@ -113,6 +113,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                     buffer: t.buffer.map(|b| b as u32),
                     interval: (!t.json && t.interval > 0.0)
                         .then(|| std::time::Duration::from_secs_f64(t.interval)),
+                    omit: std::time::Duration::from_secs_f64(t.omit),
                 })
                 .await
                 .map_err(|e| anyhow::anyhow!("bench tput against {}: {e}", t.addr))?;
