@@ -489,25 +489,20 @@ async fn idle_sessions_are_closed_after_the_idle_timeout() {
     wait_log("no streams; --idle-timeout").await;
 }
 
-/// ESTABLISHED TCP connections whose local port is `port` (the server's
-/// side of its carriers), from the kernel's table.
-fn established_on(port: u16) -> usize {
+/// Whether the kernel's table holds the server's side of one connection
+/// (local port `server`, remote port `client`) in state ESTABLISHED.
+fn server_side_established(server: u16, client: u16) -> bool {
     let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
-    table
-        .lines()
-        .skip(1)
-        .filter(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let local_port = f[1].rsplit(':').next().unwrap();
-            u16::from_str_radix(local_port, 16).unwrap() == port && f[3] == "01"
-        })
-        .count()
+    let port = |a: &str| u16::from_str_radix(a.rsplit(':').next().unwrap(), 16).unwrap();
+    table.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        port(f[1]) == server && port(f[2]) == client && f[3] == "01"
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_peer_that_stops_reading_loses_its_carrier_once_the_session_closes() {
     use longhaul_carrier::tls::PinVerifier;
-    use longhaul_carrier::DialOptions;
     use longhaul_proto::frame::Frame;
     use longhaul_proto::handshake::{Hello, HELLO_LEN};
     logs();
@@ -520,14 +515,12 @@ async fn a_tls_peer_that_stops_reading_loses_its_carrier_once_the_session_closes
         },
     )
     .await;
-    let opts = DialOptions {
-        tls: Some(
-            longhaul_carrier::tls::client_config(None, PinVerifier::new(Some(srv.key))).unwrap(),
-        ),
-        congestion: None,
-    };
-    let url = format!("tls://{}", srv.addr).parse().unwrap();
-    let mut c = longhaul_carrier::dial(&url, &opts).await.unwrap();
+    let cfg = longhaul_carrier::tls::client_config(None, PinVerifier::new(Some(srv.key))).unwrap();
+    // Our own TCP connection, so that its port identifies it in the table.
+    let tcp = TcpStream::connect(srv.addr).await.unwrap();
+    let ours = tcp.local_addr().unwrap().port();
+    let tls = longhaul_carrier::tls::connect(tcp, cfg).await.unwrap();
+    let mut c = longhaul_carrier::Carrier::from_io(tls, None, "test".into());
     let pre = longhaul_forward::auth::preamble(Some("tok")).unwrap();
     c.writer.write_all(&pre).await.unwrap();
     c.writer
@@ -537,7 +530,7 @@ async fn a_tls_peer_that_stops_reading_loses_its_carrier_once_the_session_closes
     c.writer.flush().await.unwrap();
     let mut h = [0u8; HELLO_LEN];
     c.reader.read_exact(&mut h).await.unwrap();
-    assert_eq!(established_on(srv.addr.port()), 1);
+    assert!(server_side_established(srv.addr.port(), ours));
     // A stream from a target that sends without end, and we stop reading:
     // the server's writer blocks on the full socket.
     let source = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -594,7 +587,7 @@ async fn a_tls_peer_that_stops_reading_loses_its_carrier_once_the_session_closes
     // The writer, stuck on the full socket, must be cancelled and the
     // carrier dropped, not left behind the closed session.
     let t = Instant::now();
-    while established_on(srv.addr.port()) > 0 {
+    while server_side_established(srv.addr.port(), ours) {
         assert!(
             t.elapsed() < Duration::from_secs(8),
             "the server still holds the carrier {:?} after its session closed",
