@@ -14,15 +14,6 @@ use longhaul_proto::frame::{self, DecodeLimits, Frame};
 use longhaul_session::SessionConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn status_kib(field: &str) -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    s.lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap()
-}
-
 const BUDGET: u64 = 8 << 20;
 /// Buffers that exist regardless of the budget: the carrier's 512 KiB read
 /// buffers, per-stream 256 KiB uplink reads, allocator slack.
@@ -34,25 +25,7 @@ const ATTEMPT: usize = 512 << 20;
 async fn overrunning_peer_is_dropped_and_memory_stays_under_the_budget() {
     logs();
     // Targets that never read, with tiny receive buffers.
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    sock.set_recv_buffer_size(4096).unwrap();
-    sock.bind(
-        &"127.0.0.1:0"
-            .parse::<std::net::SocketAddr>()
-            .unwrap()
-            .into(),
-    )
-    .unwrap();
-    sock.listen(1024).unwrap();
-    sock.set_nonblocking(true).unwrap();
-    let sink = tokio::net::TcpListener::from_std(sock.into()).unwrap();
-    let sink_addr = sink.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut held = vec![];
-        while let Ok((c, _)) = sink.accept().await {
-            held.push(c);
-        }
-    });
+    let sink_addr = never_reading_target(1024);
     let cfg = SessionConfig {
         budget: BUDGET,
         ..SessionConfig::default()
@@ -60,7 +33,7 @@ async fn overrunning_peer_is_dropped_and_memory_stays_under_the_budget() {
     let rules = Rules::new(vec![sink_addr.to_string().parse().unwrap()], false);
     let server = start_server_with(rules, BindRules::default(), cfg).await;
 
-    let before = status_kib("VmRSS:") * 1024;
+    let before = status_bytes("VmRSS:");
     let mut s = native_peer(server).await;
     for i in 0..STREAMS {
         let open = Frame::Open {
@@ -108,7 +81,7 @@ async fn overrunning_peer_is_dropped_and_memory_stays_under_the_budget() {
         }
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let lawful_peak = status_kib("VmHWM:") * 1024;
+    let lawful_peak = status_bytes("VmHWM:");
     // Then ignore the windows and push round-robin on every stream.
     'push: while sent < ATTEMPT {
         for &(r, _) in &remotes {
@@ -129,7 +102,7 @@ async fn overrunning_peer_is_dropped_and_memory_stays_under_the_budget() {
         "the server took {sent} bytes without dropping us"
     );
     wait_log("window overrun").await;
-    let peak = status_kib("VmHWM:") * 1024;
+    let peak = status_bytes("VmHWM:");
     let grew = peak.saturating_sub(before);
     eprintln!(
         "granted {} KiB of window, pushed {} KiB before the drop, peak RSS grew {} KiB ({} KiB with every window full)",

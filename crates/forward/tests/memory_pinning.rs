@@ -20,15 +20,6 @@ use longhaul_session::SessionConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-fn status_kib(field: &str) -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    s.lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap()
-}
-
 const BUDGET: u64 = 8 << 20;
 /// docs/SECURITY.md: pinned read buffers (16 × 512 KiB), the reader's own
 /// buffer, the control lane, per-stream and allocator slack.
@@ -74,25 +65,7 @@ async fn one_byte_frames_beside_bulk_do_not_pin_read_buffers() {
     logs();
     let _dump = DumpLogsOnPanic;
     // Target A never reads (tiny receive buffer); target B drains.
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    sock.set_recv_buffer_size(4096).unwrap();
-    sock.bind(
-        &"127.0.0.1:0"
-            .parse::<std::net::SocketAddr>()
-            .unwrap()
-            .into(),
-    )
-    .unwrap();
-    sock.listen(16).unwrap();
-    sock.set_nonblocking(true).unwrap();
-    let stuck = tokio::net::TcpListener::from_std(sock.into()).unwrap();
-    let stuck_addr = stuck.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut held = vec![];
-        while let Ok((c, _)) = stuck.accept().await {
-            held.push(c);
-        }
-    });
+    let stuck_addr = never_reading_target(16);
     let drain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let drain_addr = drain.local_addr().unwrap();
     tokio::spawn(async move {
@@ -166,7 +139,7 @@ async fn one_byte_frames_beside_bulk_do_not_pin_read_buffers() {
     }
     a_credit -= fill as u64;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = status_kib("VmRSS:") * 1024;
+    let before = status_bytes("VmRSS:");
 
     for _ in 0..ROUNDS {
         assert!(a_credit > 0);
@@ -197,7 +170,7 @@ async fn one_byte_frames_beside_bulk_do_not_pin_read_buffers() {
         let n = within(20, s.read_buf(&mut buf)).await.unwrap();
         assert!(n > 0, "server dropped a peer that kept to its windows");
     }
-    let peak = status_kib("VmHWM:") * 1024;
+    let peak = status_bytes("VmHWM:");
     let grew = peak.saturating_sub(before);
     eprintln!(
         "{ROUNDS} rounds of 1 B + {} KiB: peak RSS grew {} KiB (budget {} KiB, allowance {} KiB)",

@@ -137,8 +137,7 @@ impl InQueue {
         self.seal();
     }
 
-    /// Bytes of carrier read buffers this queue keeps alive through slices
-    /// (an upper bound: each slice is charged as a whole buffer elsewhere).
+    /// How many queued parts are still slices of carrier read buffers.
     #[cfg(test)]
     fn slices(&self) -> usize {
         self.parts.iter().filter(|p| !p.owned).count()

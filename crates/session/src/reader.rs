@@ -104,7 +104,7 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, limits: 
                 shared.close("carrier closed by peer".into());
                 return;
             }
-            Ok(_) => shared.with(|m, now| m.heard(now)),
+            Ok(_) => {}
             Err(e) => {
                 tracing::info!(peer = %shared.peer, "carrier read failed: {e}");
                 shared.close(format!("carrier read failed: {e}"));

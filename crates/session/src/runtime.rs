@@ -272,6 +272,8 @@ impl Shared {
         let mut st = self.lock();
         st.may_slice = may_slice;
         let now = self.now_ns();
+        // A frame is proof of life: no separate lock per carrier read.
+        st.mux.heard(now);
         let r = st.mux.handle_frame(f, now);
         // A violation is logged by `dispatch`, with its reason.
         self.dispatch(&mut st);

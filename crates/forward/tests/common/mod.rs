@@ -207,3 +207,36 @@ pub async fn native_peer(server: SocketAddr) -> TcpStream {
     Hello::decode(&h).unwrap();
     s
 }
+
+/// A field of this process's `/proc/self/status`, in bytes (`VmRSS:`,
+/// `VmHWM:`); memory tests run alone in their process.
+pub fn status_bytes(field: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = s
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+/// A target that accepts and holds connections but never reads, with a
+/// tiny receive buffer, so what is sent to it waits in the sender.
+pub fn never_reading_target(backlog: i32) -> SocketAddr {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    sock.listen(backlog).unwrap();
+    sock.set_nonblocking(true).unwrap();
+    let l = TcpListener::from_std(sock.into()).unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = vec![];
+        while let Ok((c, _)) = l.accept().await {
+            held.push(c);
+        }
+    });
+    addr
+}
