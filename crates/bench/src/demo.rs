@@ -113,7 +113,7 @@ async fn first_byte(
     };
     let mut s = tokio::net::TcpStream::connect(&addr).await?;
     s.set_nodelay(true)?;
-    let mut req = crate::hello(crate::MODE_RR, 0, 0).to_vec();
+    let mut req = crate::hello(crate::MODE_RR, crate::send::Sender::Iperf, 0, 0).to_vec();
     req.extend_from_slice(&1u32.to_be_bytes());
     req.push(7);
     s.write_all(&req).await?;
@@ -191,6 +191,7 @@ pub async fn run(d: DemoOptions) -> anyhow::Result<()> {
         buffer: None,
         interval: None,
         omit: std::time::Duration::ZERO,
+        sender: crate::send::Sender::Iperf,
     };
     let rounds = d.rounds.max(1) as usize;
     // rows: measurement, then one value per path (direct, tcp, tls).

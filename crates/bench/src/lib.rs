@@ -3,7 +3,8 @@
 //! measures a direct path and a path through a longhaul forward.
 //!
 //! Wire protocol between `bench tput`/`rr` and `bench server` (all big endian):
-//! a 16-byte hello `"LHB1" | mode u8 | 3 reserved | duration_ms u32 | omit_ms u32`,
+//! a 16-byte hello `"LHB1" | mode u8 | sender u8 | 2 reserved | duration_ms u32 | omit_ms u32`
+//! (sender: how the sending side writes, [`send::Sender`]),
 //! then
 //! * mode 1 (upload): the client sends for omit + duration, shuts its write
 //!   side; the server counts to EOF ([`ReceiveMeter`]) and answers
@@ -19,6 +20,7 @@ pub mod demo;
 pub mod matrix;
 pub mod report;
 pub mod rr;
+pub mod send;
 pub mod server;
 pub mod stats;
 pub mod tput;
@@ -34,10 +36,11 @@ pub const MAX_DURATION_MS: u32 = 3_600_000;
 
 /// The 16-byte hello. `omit_ms`: a warm-up at the start (slow start, window
 /// growth) that is not measured, like iperf3's `-O`.
-pub fn hello(mode: u8, duration_ms: u32, omit_ms: u32) -> [u8; 16] {
+pub fn hello(mode: u8, sender: send::Sender, duration_ms: u32, omit_ms: u32) -> [u8; 16] {
     let mut h = [0u8; 16];
     h[..4].copy_from_slice(MAGIC);
     h[4] = mode;
+    h[5] = sender.code();
     h[8..12].copy_from_slice(&duration_ms.to_be_bytes());
     h[12..16].copy_from_slice(&omit_ms.to_be_bytes());
     h

@@ -272,6 +272,7 @@ mod tests {
             bits_per_sec: bps * 8.0,
             jain: 1.0,
             omit_seconds: 0.0,
+            sender: Default::default(),
             cpu_seconds: 0.1,
         }
     }

@@ -38,7 +38,8 @@ pub struct RrResult {
 
 pub async fn run(opts: RrOptions) -> std::io::Result<RrResult> {
     let mut s = connect(&opts.addr, None).await?;
-    s.write_all(&hello(MODE_RR, 0, 0)).await?;
+    s.write_all(&hello(MODE_RR, crate::send::Sender::Iperf, 0, 0))
+        .await?;
     let mut rows = vec![];
     for &size in &opts.sizes {
         if size > MAX_RR_SIZE {

@@ -7,8 +7,6 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::*;
 
-const BLOCK: usize = 128 * 1024;
-
 /// Serves bench clients until dropped.
 pub async fn run(listener: TcpListener, buffer: Option<u32>) {
     loop {
@@ -38,7 +36,7 @@ async fn serve(mut s: TcpStream) -> std::io::Result<()> {
     let omit = u32::from_be_bytes([h[12], h[13], h[14], h[15]]).min(MAX_DURATION_MS);
     match h[4] {
         MODE_UPLOAD => {
-            let mut buf = vec![0u8; BLOCK];
+            let mut buf = vec![0u8; send::BLOCK];
             let mut meter = ReceiveMeter::new(Duration::from_millis(omit as u64));
             loop {
                 let n = s.read(&mut buf).await?;
@@ -56,11 +54,8 @@ async fn serve(mut s: TcpStream) -> std::io::Result<()> {
             s.shutdown().await?;
         }
         MODE_DOWNLOAD => {
-            let buf = vec![0x5au8; BLOCK];
             let end = Instant::now() + Duration::from_millis(dur as u64 + omit as u64);
-            while Instant::now() < end {
-                s.write_all(&buf).await?;
-            }
+            send::send_until(&mut s, send::Sender::from_code(h[5]), end, None).await?;
             s.shutdown().await?;
         }
         MODE_RR => {

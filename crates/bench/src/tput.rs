@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::send::{send_until, Sender, BLOCK};
 use crate::stats::{cpu_seconds, fmt_bps, jain};
 use crate::*;
 
@@ -24,6 +25,8 @@ pub struct TputOptions {
     pub interval: Option<Duration>,
     /// Warm-up not measured (iperf3's `-O`): slow start and window growth.
     pub omit: Duration,
+    /// How the sending side writes.
+    pub sender: Sender,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -53,9 +56,10 @@ pub struct TputResult {
     /// The warm-up left out of every figure above, in seconds.
     #[serde(default)]
     pub omit_seconds: f64,
+    /// How the sending side wrote.
+    #[serde(default)]
+    pub sender: Sender,
 }
-
-const BLOCK: usize = 128 * 1024;
 
 async fn one_stream(
     opts: Arc<TputOptions>,
@@ -69,7 +73,7 @@ async fn one_stream(
     } else {
         MODE_UPLOAD
     };
-    s.write_all(&hello(mode, ms, omit_ms)).await?;
+    s.write_all(&hello(mode, opts.sender, ms, omit_ms)).await?;
     let (omitted, bytes, seconds) = if opts.reverse {
         let mut buf = vec![0u8; BLOCK];
         let mut meter = ReceiveMeter::new(opts.omit);
@@ -83,14 +87,9 @@ async fn one_stream(
         }
         (meter.omitted, meter.measured, meter.seconds())
     } else {
-        // A plain blocking sender: one block after another, as fast as the
-        // socket takes them, for the warm-up plus the measured time.
-        let buf = vec![0xa5u8; BLOCK];
+        // For the warm-up plus the measured time.
         let end = Instant::now() + opts.omit + opts.duration;
-        while Instant::now() < end {
-            s.write_all(&buf).await?;
-            counter.fetch_add(BLOCK as u64, Ordering::Relaxed);
-        }
+        send_until(&mut s, opts.sender, end, Some(&counter)).await?;
         s.shutdown().await?;
         let mut got = [0u8; 24];
         s.read_exact(&mut got).await?;
@@ -160,6 +159,7 @@ pub async fn run(opts: TputOptions) -> std::io::Result<TputResult> {
         seconds,
         jain: jain(&rates),
         omit_seconds: opts.omit.as_secs_f64(),
+        sender: opts.sender,
         streams,
         total_bytes,
         total_bytes_per_sec,
@@ -187,6 +187,14 @@ impl TputResult {
             fmt_bps(self.total_bytes_per_sec),
             self.jain,
             self.cpu_seconds
+        );
+        out += &format!(
+            "      sender: {} ({})\n",
+            self.sender.name(),
+            match self.sender {
+                Sender::Iperf => "up to ten 128 KiB blocks per wake-up, as iperf3",
+                Sender::Fill => "writes until the socket refuses",
+            }
         );
         if self.omit_seconds > 0.0 {
             let omitted: u64 = self.streams.iter().map(|s| s.omitted_bytes).sum();

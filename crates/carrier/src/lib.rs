@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 
 mod accept;
 pub mod dial;
+mod fill;
 pub mod keys;
 #[allow(unsafe_code)]
 mod sockopt;
@@ -25,8 +26,11 @@ pub mod ws;
 
 pub use accept::accept_with_backoff;
 pub use dial::{accept, dial, stdio, DialOptions};
+pub use fill::UrgentFlag;
 pub use keys::{Fingerprint, Identity};
-pub use sockopt::{set_notsent_lowat, tcp_path, tcp_rtt, TcpPath};
+pub use sockopt::{
+    poll_writable, send_space, set_notsent_lowat, tcp_path, tcp_rtt, SendSpace, TcpPath,
+};
 pub use url::{CarrierUrl, ListenUrl, Transport};
 
 /// Unsent bytes a new carrier socket may hold in the kernel (see
@@ -72,6 +76,9 @@ pub struct Carrier {
     pub probe: Option<Box<dyn PathProbe>>,
     /// Direct sends for urgent frames, when the carrier can (plain TCP).
     pub urgent: Option<Box<dyn UrgentSend>>,
+    /// Raised while urgent bytes are written, when the carrier keeps a
+    /// reserve for them in the kernel's send buffer (TCP underneath).
+    pub urgent_flag: Option<UrgentFlag>,
     /// Human-readable description of the far end, for logs.
     pub peer: String,
 }
@@ -128,7 +135,12 @@ pub fn tcp_probe(stream: &TcpStream) -> io::Result<Box<dyn PathProbe>> {
 
 impl Carrier {
     /// Wraps one read+write stream (TLS, WebSocket).
-    pub fn from_io<S>(io: S, probe: Option<Box<dyn PathProbe>>, peer: String) -> Carrier
+    pub fn from_io<S>(
+        io: S,
+        probe: Option<Box<dyn PathProbe>>,
+        urgent_flag: Option<UrgentFlag>,
+        peer: String,
+    ) -> Carrier
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
@@ -138,6 +150,7 @@ impl Carrier {
             writer,
             probe,
             urgent: None,
+            urgent_flag,
             peer,
         }
     }
@@ -152,9 +165,11 @@ impl Carrier {
         let sock = socket2::SockRef::from(&stream).try_clone()?;
         let urgent = socket2::SockRef::from(&stream).try_clone()?;
         let (r, w) = stream.into_split();
+        let flag = UrgentFlag::default();
         Ok(Carrier {
             reader: Box::new(r),
-            writer: Box::new(w),
+            writer: Box::new(fill::Filler::new(w, flag.clone())?),
+            urgent_flag: Some(flag),
             probe: Some(Box::new(TcpProbe {
                 sock,
                 lowat: CARRIER_NOTSENT_LOWAT.into(),

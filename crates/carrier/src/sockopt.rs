@@ -1,6 +1,7 @@
-//! Socket options that need `getsockopt` directly. This is the only module
-//! of the carrier crate with `unsafe`: one call to `getsockopt(TCP_INFO)`
-//! into a buffer of the kernel's structure size.
+//! Socket calls std and socket2 lack: `getsockopt(TCP_INFO)`,
+//! `getsockopt(SO_MEMINFO)`, `setsockopt(TCP_NOTSENT_LOWAT)` and a
+//! zero-timeout `poll`. This is the only module of the carrier crate with
+//! `unsafe`; each call passes a buffer of the kernel's structure size.
 
 use std::os::fd::AsRawFd;
 use std::time::Duration;
@@ -84,4 +85,95 @@ pub fn set_notsent_lowat(sock: &socket2::SockRef<'_>, bytes: u32) -> std::io::Re
         let _ = (sock, bytes);
         Ok(())
     }
+}
+
+/// Reads TCP_NOTSENT_LOWAT (None where unsupported).
+pub fn notsent_lowat(sock: &impl AsRawFd) -> Option<u32> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` is a live c_int and `len` its size.
+        let rc = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_NOTSENT_LOWAT,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        (rc == 0).then_some(v as u32)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = sock.as_raw_fd();
+        None
+    }
+}
+
+/// How full a socket's send buffer is, in the kernel's own accounting
+/// (bytes plus per-packet overhead), which is what `send` checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendSpace {
+    /// The send buffer's current size (SO_SNDBUF as the kernel uses it).
+    pub sndbuf: u32,
+    /// Memory queued in it: unsent plus sent but unacknowledged.
+    pub queued: u32,
+}
+
+impl SendSpace {
+    pub fn free(&self) -> u32 {
+        self.sndbuf.saturating_sub(self.queued)
+    }
+}
+
+/// Reads SO_MEMINFO.
+pub fn send_space(sock: &impl AsRawFd) -> Option<SendSpace> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut info = [0u32; 9];
+        let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+        // SAFETY: `info` is a writable buffer of `len` bytes that outlives
+        // the call; the kernel writes at most `len` bytes.
+        let rc = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_MEMINFO,
+                info.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 || (len as usize) < 6 * 4 {
+            return None;
+        }
+        Some(SendSpace {
+            sndbuf: info[libc::SK_MEMINFO_SNDBUF as usize],
+            queued: info[libc::SK_MEMINFO_WMEM_QUEUED as usize],
+        })
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = sock.as_raw_fd();
+        None
+    }
+}
+
+/// Whether the kernel reports the socket writable right now (a level
+/// check, as `select` or `poll` do; async runtimes cache an edge instead).
+/// For TCP that means at least a third of the send buffer is free.
+pub fn poll_writable(sock: &impl AsRawFd) -> std::io::Result<bool> {
+    let mut fds = [libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    }];
+    // SAFETY: `fds` is a valid array of one pollfd that outlives the call;
+    // a zero timeout never blocks.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fds[0].revents & libc::POLLOUT != 0)
 }

@@ -220,10 +220,11 @@ pub fn client_config(
 /// syscall every few KiB; a buffer underneath turns most of those into
 /// memory copies.
 pub const TLS_READ_BUFFER: usize = 256 * 1024;
-/// Encrypted bytes rustls may hold before it writes them out (rustls'
-/// default). Kept small on purpose: bytes queued here are past the
+/// Encrypted bytes rustls may hold before it writes them out: one full
+/// record. Kept small on purpose: bytes queued here are past the
 /// scheduler, so an interactive frame waits behind all of them (1 MiB here
-/// put 45 ms in front of every request at 220 Mbit/s).
+/// put 45 ms in front of every request at 220 Mbit/s; 64 KiB, rustls'
+/// default, still 10 ms at p99 beside 10 bulk streams; docs/BENCHMARKS.md).
 pub const TLS_SEND_BUFFER: usize = 64 * 1024;
 
 pub type Buffered<S> = tokio::io::BufReader<S>;

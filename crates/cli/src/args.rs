@@ -410,9 +410,28 @@ pub struct TputArgs {
     /// Fixed SO_SNDBUF/SO_RCVBUF, like an application that cannot be retuned.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub buffer: Option<u64>,
+    /// How the sender writes: iperf (wait until writable, then up to ten
+    /// 128 KiB blocks, as iperf3 does) or fill (write until the socket refuses).
+    #[arg(long, value_enum, default_value_t = SenderArg::Iperf)]
+    pub sender: SenderArg,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SenderArg {
+    Iperf,
+    Fill,
+}
+
+impl From<SenderArg> for longhaul_bench::send::Sender {
+    fn from(s: SenderArg) -> Self {
+        match s {
+            SenderArg::Iperf => longhaul_bench::send::Sender::Iperf,
+            SenderArg::Fill => longhaul_bench::send::Sender::Fill,
+        }
+    }
 }
 
 fn parse_omit(x: &str) -> Result<f64, String> {

@@ -114,6 +114,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                     interval: (!t.json && t.interval > 0.0)
                         .then(|| std::time::Duration::from_secs_f64(t.interval)),
                     omit: std::time::Duration::from_secs_f64(t.omit),
+                    sender: t.sender.into(),
                 })
                 .await
                 .map_err(|e| anyhow::anyhow!("bench tput against {}: {e}", t.addr))?;

@@ -520,7 +520,7 @@ async fn a_tls_peer_that_stops_reading_loses_its_carrier_once_the_session_closes
     let tcp = TcpStream::connect(srv.addr).await.unwrap();
     let ours = tcp.local_addr().unwrap().port();
     let tls = longhaul_carrier::tls::connect(tcp, cfg).await.unwrap();
-    let mut c = longhaul_carrier::Carrier::from_io(tls, None, "test".into());
+    let mut c = longhaul_carrier::Carrier::from_io(tls, None, None, "test".into());
     let pre = longhaul_forward::auth::preamble(Some("tok")).unwrap();
     c.writer.write_all(&pre).await.unwrap();
     c.writer

@@ -88,6 +88,11 @@ impl<T: HasLen> Drr<T> {
         self.new.is_empty() && self.old.is_empty()
     }
 
+    /// Whether a stream that just became active waits (it goes out next).
+    pub fn has_new(&self) -> bool {
+        !self.new.is_empty()
+    }
+
     /// Drops everything queued for stream `id`.
     pub fn remove(&mut self, id: u32) {
         if let Some(flow) = self.flows.remove(&id) {

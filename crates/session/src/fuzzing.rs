@@ -137,6 +137,7 @@ async fn run_session(sel: u8, peer_bytes: &[u8]) {
         writer: Box::new(w),
         probe: None,
         urgent: None,
+        urgent_flag: None,
         peer: "fuzz".into(),
     };
     let config = SessionConfig {

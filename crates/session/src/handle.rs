@@ -123,6 +123,7 @@ impl Session {
             shared.clone(),
             carrier.writer,
             carrier.urgent,
+            carrier.urgent_flag,
         ));
         let house = tokio::spawn(housekeeping(shared.clone(), carrier.probe));
         // When the session closes, stop the tasks that might be parked.

@@ -2,9 +2,10 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use longhaul_carrier::{BoxWrite, UrgentSend};
+use longhaul_carrier::{BoxWrite, UrgentFlag, UrgentSend};
 use tokio::io::AsyncWriteExt;
 
 use longhaul_proto::outframe::OutFrame;
@@ -24,7 +25,9 @@ pub(crate) async fn carrier_writer(
     shared: Arc<Shared>,
     mut w: BoxWrite,
     urgent: Option<Box<dyn UrgentSend>>,
+    flag: Option<UrgentFlag>,
 ) {
+    let urgent = Urgency { send: urgent, flag };
     let mut batch: VecDeque<OutFrame> = VecDeque::with_capacity(MAX_IOV);
     let mut backed_up = false;
     let mut drained = true;
@@ -39,6 +42,12 @@ pub(crate) async fn carrier_writer(
         let (dead, goodbye) = shared.with(|m, _| {
             if m.dead().is_some() {
                 return (true, None);
+            }
+            if let (Some(f), true) = (&urgent.flag, m.has_new_data()) {
+                // This batch leads with a stream that just became active
+                // (an interactive request, most likely): it may use the
+                // room the carrier keeps free. Lowered after the batch.
+                f.store(true, Ordering::Relaxed);
             }
             // Two iovecs per DATA frame (header, payload).
             m.poll_transmit(&mut batch, limit, MAX_IOV / 2);
@@ -77,7 +86,11 @@ pub(crate) async fn carrier_writer(
             continue;
         }
         dirty = true;
-        match write_batch(&shared, &mut w, urgent.as_deref(), &mut batch).await {
+        let wrote = write_batch(&shared, &mut w, &urgent, &mut batch).await;
+        if let Some(f) = &urgent.flag {
+            f.store(false, Ordering::Relaxed);
+        }
+        match wrote {
             // Backed up once the carrier takes less than offered; caught up
             // again only when the scheduler has run dry.
             Ok(partial) => backed_up = partial || (backed_up && !drained),
@@ -89,6 +102,15 @@ pub(crate) async fn carrier_writer(
         }
     }
     let _ = w.shutdown().await;
+}
+
+/// How urgent frames get past bulk data in a full carrier.
+struct Urgency {
+    /// Sent directly on the socket (plain TCP).
+    send: Option<Box<dyn UrgentSend>>,
+    /// Or, under TLS and WebSocket, moved forward in the batch and let
+    /// into the room the carrier keeps free in the kernel for them.
+    flag: Option<UrgentFlag>,
 }
 
 /// What ended one wait of the writer.
@@ -172,22 +194,25 @@ fn pull_urgent(shared: &Arc<Shared>, batch: &mut VecDeque<OutFrame>) -> usize {
 /// Writes the whole batch; returns whether the carrier pushed back (some
 /// write took less than offered). While the carrier is full, urgent frames
 /// queued meanwhile are moved forward and sent directly, without waiting
-/// for the runtime to see the socket writable again.
+/// for the runtime to see the socket writable again (or, without a direct
+/// path, let into the carrier's reserve with the rest of this batch).
 async fn write_batch(
     shared: &Arc<Shared>,
     w: &mut BoxWrite,
-    urgent: Option<&dyn UrgentSend>,
+    urgency: &Urgency,
     batch: &mut VecDeque<OutFrame>,
 ) -> io::Result<bool> {
+    let urgent = urgency.send.as_deref();
+    let watch = urgent.is_some() || urgency.flag.is_some();
     let mut partial = false;
     // Leading frames of the batch that are urgent and not yet fully sent.
     let mut stuck = 0usize;
     while !batch.is_empty() {
         let step = {
             let slices = iovecs(batch, usize::MAX);
-            match urgent {
-                None => Step::Wrote(w.write_vectored(&slices).await?),
-                Some(_) => {
+            match watch {
+                false => Step::Wrote(w.write_vectored(&slices).await?),
+                true => {
                     tokio::select! {
                         r = w.write_vectored(&slices) => Step::Wrote(r?),
                         _ = shared.wake_writer.notified() => Step::Woken,
@@ -204,6 +229,10 @@ async fn write_batch(
             }
             Step::Woken | Step::Retry => {
                 let pulled = pull_urgent(shared, batch);
+                if let (Some(f), true) = (&urgency.flag, pulled > 0) {
+                    // Lowered once this batch is written.
+                    f.store(true, Ordering::Relaxed);
+                }
                 let lead = pulled.max(stuck.min(batch.len()));
                 if let (Some(u), true) = (urgent, lead > 0) {
                     let before = batch.len();

@@ -253,6 +253,12 @@ impl Mux {
         !self.control.is_empty() || !self.data.is_empty()
     }
 
+    /// Whether a stream that just became active has DATA waiting: the next
+    /// [`Mux::poll_transmit`] starts with it (after the control lane).
+    pub fn has_new_data(&self) -> bool {
+        self.data.has_new()
+    }
+
     /// Whether frames were queued since the last call: the writer needs a
     /// wake-up (it is not woken for what it already knows about).
     pub fn take_new_output(&mut self) -> bool {
