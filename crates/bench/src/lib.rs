@@ -17,6 +17,7 @@
 
 pub mod carriers;
 pub mod demo;
+pub mod load;
 pub mod matrix;
 pub mod report;
 pub mod rr;

@@ -19,10 +19,12 @@ use longhaul_netem as ne;
 use tokio::process::{Child, Command};
 
 use crate::carriers::{self, CarrierKind};
+use crate::load::{emulator_counters, from_iperf3_json, timekeeping, Load, IPERF3_PORT};
 
 const BENCH_PORT: u16 = 5201;
 const CARRIER_PORT: u16 = 7000;
 const FORWARD_PORT: u16 = 5301;
+const IPERF3_FORWARD_PORT: u16 = 5302;
 
 /// What `longhaul bench matrix` measures (the CLI's flags, parsed).
 #[derive(Debug, Clone)]
@@ -52,6 +54,67 @@ pub struct MatrixOptions {
     pub congestion: Option<String>,
     /// `tcp` or `tls`.
     pub carrier: String,
+    /// What generates the load.
+    pub load: Load,
+}
+
+/// One throughput run from side a against `addr` (a bench server or, for
+/// iperf3, an iperf3 server), by the chosen load generator.
+async fn run_load(
+    a: &MatrixOptions,
+    addr: &str,
+    conns: usize,
+    buffer_args: &[String],
+) -> anyhow::Result<TputResult> {
+    let t = a.time.max(0.2);
+    match a.load {
+        Load::Bench => {
+            let mut args = strs(&[
+                "-q",
+                "bench",
+                "tput",
+                addr,
+                "-P",
+                &conns.to_string(),
+                "-t",
+                &t.to_string(),
+                "-O",
+                &a.omit.to_string(),
+                "-i",
+                "0",
+                "--json",
+            ]);
+            args.extend(buffer_args.iter().cloned());
+            json_in(&a.name, 'a', &args).await
+        }
+        Load::Iperf3 => {
+            let (host, port) = addr.rsplit_once(':').context("address without port")?;
+            let mut args = strs(&[
+                "-c",
+                host,
+                "-p",
+                port,
+                "-P",
+                &conns.to_string(),
+                "-t",
+                &t.to_string(),
+                "-O",
+                &a.omit.to_string(),
+                "-J",
+            ]);
+            if let Some(b) = a.app_buffer {
+                args.extend(strs(&["-w", &b.to_string()]));
+            }
+            let cmd = in_ns_run(&a.name, 'a', Path::new("iperf3"), &args)?;
+            let v: serde_json::Value = json_out(cmd, &args).await?;
+            from_iperf3_json(addr, &v).with_context(|| {
+                format!(
+                    "iperf3 gave no result: {}",
+                    v.get("error").and_then(|e| e.as_str()).unwrap_or("?")
+                )
+            })
+        }
+    }
 }
 
 /// Takes the emulator down when dropped (normal end, error, or Ctrl-C).
@@ -68,9 +131,14 @@ fn exe() -> anyhow::Result<std::path::PathBuf> {
 }
 
 fn in_ns(name: &str, side: char, args: &[String]) -> anyhow::Result<Command> {
+    in_ns_run(name, side, &exe()?, args)
+}
+
+/// Any program on one side of the emulator.
+fn in_ns_run(name: &str, side: char, program: &Path, args: &[String]) -> anyhow::Result<Command> {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", &ne::ns_name(name, side)])
-        .arg(exe()?)
+        .arg(program)
         .args(args)
         .stdin(Stdio::null())
         .kill_on_drop(true);
@@ -90,7 +158,14 @@ async fn json_in<T: serde::de::DeserializeOwned>(
     side: char,
     args: &[String],
 ) -> anyhow::Result<T> {
-    let out = in_ns(name, side, args)?
+    json_out(in_ns(name, side, args)?, args).await
+}
+
+async fn json_out<T: serde::de::DeserializeOwned>(
+    mut cmd: Command,
+    args: &[String],
+) -> anyhow::Result<T> {
+    let out = cmd
         .output()
         .await
         .context("cannot run a bench command in the emulator")?;
@@ -180,6 +255,7 @@ async fn run_inner(a: &MatrixOptions) -> anyhow::Result<()> {
         app_buffer: a.app_buffer,
         tcp_buffers: a.tcp_buffers,
         carrier: Some(carrier.name().to_string()),
+        load: Some(a.load.describe()),
         cells: vec![],
         rr: vec![],
     };
@@ -204,6 +280,22 @@ async fn run_inner(a: &MatrixOptions) -> anyhow::Result<()> {
         ]);
         bench_args.extend(buffer_args.iter().cloned());
         let _bench = spawn_in(&a.name, 'b', &bench_args)?;
+        let _iperf3 = match a.load {
+            Load::Iperf3 => {
+                let mut args = strs(&["-s", "-p", &IPERF3_PORT.to_string()]);
+                if let Some(b) = a.app_buffer {
+                    args.extend(strs(&["-w", &b.to_string()]));
+                }
+                Some(
+                    in_ns_run(&a.name, 'b', Path::new("iperf3"), &args)?
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .context("cannot start iperf3 -s")?,
+                )
+            }
+            Load::Bench => None,
+        };
         let mut server_args = strs(&["-q", "server"]);
         server_args.extend(carriers::server_args(
             carrier,
@@ -211,6 +303,7 @@ async fn run_inner(a: &MatrixOptions) -> anyhow::Result<()> {
             &keys,
         ));
         server_args.extend(strs(&["--allow", &format!("127.0.0.1:{BENCH_PORT}")]));
+        server_args.extend(strs(&["--allow", &format!("127.0.0.1:{IPERF3_PORT}")]));
         server_args.extend(cc_args.iter().cloned());
         let _server = spawn_in(&a.name, 'b', &server_args)?;
         let direct = format!("{}:{BENCH_PORT}", ne::ADDR_B);
@@ -225,13 +318,23 @@ async fn run_inner(a: &MatrixOptions) -> anyhow::Result<()> {
         client_args.extend(strs(&[
             "-L",
             &format!("127.0.0.1:{FORWARD_PORT}:127.0.0.1:{BENCH_PORT}"),
+            "-L",
+            &format!("127.0.0.1:{IPERF3_FORWARD_PORT}:127.0.0.1:{IPERF3_PORT}"),
         ]));
         client_args.extend(cc_args.iter().cloned());
         let _client = spawn_in(&a.name, 'a', &client_args)?;
         wait_ready(&a.name, &tunnel).await?;
+        let (load_direct, load_tunnel) = match a.load {
+            Load::Bench => (direct.clone(), tunnel.clone()),
+            Load::Iperf3 => (
+                format!("{}:{IPERF3_PORT}", ne::ADDR_B),
+                format!("127.0.0.1:{IPERF3_FORWARD_PORT}"),
+            ),
+        };
         for conns in a.conns.iter().map(|&c| c as usize) {
             let mut results: Vec<TputResult> = vec![];
-            for (what, addr) in [("direct", &direct), ("tunnel", &tunnel)] {
+            let mut clocks = vec![];
+            for (what, addr) in [("direct", &load_direct), ("tunnel", &load_tunnel)] {
                 step += 1;
                 let done = started.elapsed();
                 let left = done.mul_f64((steps - step + 1) as f64 / step.max(1) as f64);
@@ -243,23 +346,11 @@ async fn run_inner(a: &MatrixOptions) -> anyhow::Result<()> {
                     fmt_elapsed(done),
                     fmt_elapsed(left)
                 );
-                let mut args = strs(&[
-                    "-q",
-                    "bench",
-                    "tput",
-                    addr,
-                    "-P",
-                    &conns.to_string(),
-                    "-t",
-                    &t.to_string(),
-                    "-O",
-                    &a.omit.to_string(),
-                    "-i",
-                    "0",
-                    "--json",
-                ]);
-                args.extend(buffer_args.iter().cloned());
-                results.push(json_in(&a.name, 'a', &args).await?);
+                let before = emulator_counters(&a.name);
+                results.push(run_load(a, addr, conns, &buffer_args).await?);
+                // The emulator publishes its counters every 500 ms.
+                tokio::time::sleep(Duration::from_millis(600)).await;
+                clocks.push(timekeeping(before, emulator_counters(&a.name)));
             }
             let tunnel_r = results.pop().context("missing tunnel result")?;
             let direct_r = results.pop().context("missing direct result")?;
@@ -268,6 +359,7 @@ async fn run_inner(a: &MatrixOptions) -> anyhow::Result<()> {
                 conns,
                 direct: direct_r,
                 tunnel: tunnel_r,
+                emulator: [clocks[0], clocks[1]],
             });
         }
         if !a.no_rr {

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::load::Timekeeping;
 use crate::rr::RrResult;
 use crate::stats::fmt_bps;
 use crate::tput::TputResult;
@@ -15,6 +16,10 @@ pub struct Cell {
     pub conns: usize,
     pub direct: TputResult,
     pub tunnel: TputResult,
+    /// How the emulator kept time during the direct and the tunnel run
+    /// (absent in older reports, or when its status was unreadable).
+    #[serde(default)]
+    pub emulator: [Option<Timekeeping>; 2],
 }
 
 impl Cell {
@@ -46,6 +51,10 @@ pub struct Matrix {
     /// Warm-up left out of each throughput measurement (iperf3's -O).
     #[serde(default)]
     pub omit_seconds: f64,
+    /// The load generator (absent in reports made before it could be
+    /// chosen: those used `bench tput`'s old fill-the-socket sender).
+    #[serde(default)]
+    pub load: Option<String>,
     pub cells: Vec<Cell>,
     pub rr: Vec<RrSweep>,
 }
@@ -63,8 +72,9 @@ impl Matrix {
     pub fn markdown(&self) -> String {
         let mut s = String::from("# longhaul bench matrix\n\n");
         s += &format!(
-            "longhaul carrier {}; {} s per cell after a {} s warm-up that is not measured; rate {}; loss {}; application socket buffers {}; namespace TCP buffer max {}.\n\n",
+            "longhaul carrier {}; load {}; {} s per cell after a {} s warm-up that is not measured; rate {}; loss {}; application socket buffers {}; namespace TCP buffer max {}.\n\n",
             self.carrier.as_deref().unwrap_or("tcp"),
+            self.load.as_deref().unwrap_or("longhaul bench tput (fill sender)"),
             self.seconds_per_cell,
             self.omit_seconds,
             self.rate.as_deref().unwrap_or("unlimited"),
@@ -73,21 +83,51 @@ impl Matrix {
             self.tcp_buffers.map_or("default".into(), |b| format!("{b} B")),
         );
         s += "## Throughput (seed 004's table)\n\n";
-        s += "| RTT | connections | direct | through longhaul | ratio | vs direct 1 conn | fairness (Jain) |\n";
-        s += "|---|---|---|---|---|---|---|\n";
+        s += "| RTT | connections | direct | through longhaul | ratio | vs direct 1 conn | fairness (Jain) | emulator (direct / tunnel) |\n";
+        s += "|---|---|---|---|---|---|---|---|\n";
+        let mut late_cells = 0;
         for c in &self.cells {
             let vs_one = self.direct_one(c.delay_ms).map_or("–".into(), |d| {
                 format!("{:.2}", c.tunnel.total_bytes_per_sec / d.max(1e-9))
             });
+            let clock = match c.emulator {
+                [Some(d), Some(t)] => {
+                    let worst = d.worst_us.into_iter().chain(t.worst_us).fold(0.0, f64::max);
+                    let shares = format!(
+                        "{:.2} % / {:.2} % late{}",
+                        d.late_share() * 100.0,
+                        t.late_share() * 100.0,
+                        if worst > 0.0 {
+                            format!(", worst {:.1} ms", worst / 1000.0)
+                        } else {
+                            String::new()
+                        }
+                    );
+                    if d.kept_time() && t.kept_time() {
+                        format!("kept time ({shares})")
+                    } else {
+                        late_cells += 1;
+                        format!("**late** ({shares})")
+                    }
+                }
+                _ => "–".to_string(),
+            };
             s += &format!(
-                "| {} ms | {} | {} | {} | {:.2} | {} | {:.3} |\n",
+                "| {} ms | {} | {} | {} | {:.2} | {} | {:.3} | {} |\n",
                 c.delay_ms * 2.0,
                 c.conns,
                 fmt_bps(c.direct.total_bytes_per_sec),
                 fmt_bps(c.tunnel.total_bytes_per_sec),
                 c.ratio(),
                 vs_one,
-                c.tunnel.jain
+                c.tunnel.jain,
+                clock
+            );
+        }
+        if late_cells > 0 {
+            s += &format!(
+                "\n**{late_cells} cell(s) marked late**: in the direct or the tunnel run the emulator released more than {:.0} % of the packets over 1 ms after they were due (a loaded machine); their figures are less trustworthy.\n",
+                Timekeeping::LATE_SHARE * 100.0
             );
         }
         if !self.rr.is_empty() {
@@ -253,6 +293,14 @@ mod tests {
     use crate::rr::RrRow;
     use crate::tput::StreamResult;
 
+    fn clock(packets: u64, late: u64) -> Timekeeping {
+        Timekeeping {
+            packets,
+            late,
+            worst_us: None,
+        }
+    }
+
     fn tput(bps: f64, n: usize) -> TputResult {
         TputResult {
             addr: "x".into(),
@@ -306,18 +354,21 @@ mod tests {
             app_buffer: None,
             tcp_buffers: None,
             carrier: Some("tls".into()),
+            load: Some("iperf 3.12".into()),
             cells: vec![
                 Cell {
                     delay_ms: 50.0,
                     conns: 1,
                     direct: tput(100e6, 1),
                     tunnel: tput(98e6, 1),
+                    emulator: [Some(clock(10_000, 0)), Some(clock(10_000, 10))],
                 },
                 Cell {
                     delay_ms: 50.0,
                     conns: 10,
                     direct: tput(900e6, 10),
                     tunnel: tput(99e6, 10),
+                    emulator: [Some(clock(10_000, 0)), Some(clock(10_000, 101))],
                 },
             ],
             rr: vec![RrSweep {
@@ -328,13 +379,18 @@ mod tests {
         };
         let md = m.markdown();
         assert!(
-            md.contains("| 100 ms | 1 | 800.0 Mbit/s | 784.0 Mbit/s | 0.98 | 0.98 | 1.000 |"),
+            md.contains(
+                "| 100 ms | 1 | 800.0 Mbit/s | 784.0 Mbit/s | 0.98 | 0.98 | 1.000 | kept time (0.00 % / 0.10 % late) |"
+            ),
             "{md}"
         );
+        // 101 late of 10 000 is over 1 %: marked, and counted below.
         assert!(
-            md.contains("| 100 ms | 10 | 7.20 Gbit/s | 792.0 Mbit/s | 0.11 | 0.99 | 1.000 |"),
+            md.contains("| 100 ms | 10 | 7.20 Gbit/s | 792.0 Mbit/s | 0.11 | 0.99 | 1.000 | **late** (0.00 % / 1.01 % late) |"),
             "{md}"
         );
+        assert!(md.contains("**1 cell(s) marked late**"), "{md}");
+        assert!(md.contains("load iperf 3.12"), "{md}");
         assert!(md.contains("| 100 ms | 1000 B |"));
         let svg = m.svg();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));

@@ -377,6 +377,10 @@ pub struct MatrixArgs {
     /// longhaul's carrier: tcp (plain, the multiplexer alone) or tls (pinned keys, as users run it).
     #[arg(long, default_value = "tcp", value_parser = ["tcp", "tls"])]
     pub carrier: String,
+    /// Load generator: iperf3 (Debian's, when installed; seed 004 used
+    /// iperf), bench (longhaul bench tput), or auto (iperf3 if installed).
+    #[arg(long, default_value = "auto", value_parser = longhaul_bench::load::Load::parse)]
+    pub load: longhaul_bench::load::Load,
 }
 
 #[derive(Args, Debug)]
@@ -507,6 +511,7 @@ impl From<MatrixArgs> for longhaul_bench::matrix::MatrixOptions {
             name: a.name,
             congestion: a.congestion,
             carrier: a.carrier,
+            load: a.load,
         }
     }
 }
