@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Does `longhaul bench tput` agree with iperf3 on the same direct path?
-# Runs both, alternately, through longhaul's WAN emulator at the given
+# Runs both (bench tput with its default iperf3-like sender and with
+# --sender fill), alternately, through longhaul's WAN emulator at the given
 # one-way delays, ROUNDS times each, same duration and warm-up (-O).
 # Usage: scripts/bench_vs_iperf3.sh [DELAYS (default "0ms 50ms")] ; needs root and iperf3.
 # Env: ROUNDS (3), TIME (12), OMIT (3), LH (target/release/longhaul).
@@ -24,7 +25,9 @@ for delay in ${1:-0ms 50ms}; do
       python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["end"]["sum_received"]["bits_per_second"]/1e6)')
     lh=$("$LH" -q netem --name $NAME exec a -- "$LH" -q bench tput 198.18.0.2:5201 -t "$TIME" -O "$OMIT" -i 0 --json |
       python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["bits_per_sec"]/1e6)')
-    python3 -c "print(f'delay $delay each way, round $i: iperf3 {float(\"$ip\"):.1f} Mbit/s, longhaul bench tput {float(\"$lh\"):.1f} Mbit/s, ratio {float(\"$lh\")/float(\"$ip\"):.3f}')"
+    fill=$("$LH" -q netem --name $NAME exec a -- "$LH" -q bench tput 198.18.0.2:5201 -t "$TIME" -O "$OMIT" -i 0 --sender fill --json |
+      python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["bits_per_sec"]/1e6)')
+    python3 -c "print(f'delay $delay each way, round $i: iperf3 {float(\"$ip\"):.1f} Mbit/s, bench tput {float(\"$lh\"):.1f} Mbit/s (ratio {float(\"$lh\")/float(\"$ip\"):.3f}), bench tput --sender fill {float(\"$fill\"):.1f} Mbit/s (ratio {float(\"$fill\")/float(\"$ip\"):.3f})')"
   done
   "$LH" -q netem --name $NAME status | grep -iE "late|worst" || true
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; pids=()

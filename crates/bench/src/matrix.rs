@@ -105,14 +105,34 @@ async fn run_load(
             if let Some(b) = a.app_buffer {
                 args.extend(strs(&["-w", &b.to_string()]));
             }
-            let cmd = in_ns_run(&a.name, 'a', Path::new("iperf3"), &args)?;
-            let v: serde_json::Value = json_out(cmd, &args).await?;
-            from_iperf3_json(addr, &v).with_context(|| {
-                format!(
-                    "iperf3 gave no result: {}",
-                    v.get("error").and_then(|e| e.as_str()).unwrap_or("?")
-                )
-            })
+            // The iperf3 server (or the forward to it) may still be
+            // starting: retry a refused connection for a few seconds.
+            let mut tries = 0;
+            loop {
+                let out = in_ns_run(&a.name, 'a', Path::new("iperf3"), &args)?
+                    .output()
+                    .await
+                    .context("cannot run iperf3 in the emulator")?;
+                // On error iperf3 exits non-zero but still prints JSON.
+                let v: serde_json::Value =
+                    serde_json::from_slice(&out.stdout).with_context(|| {
+                        format!(
+                            "iperf3 {}: no JSON ({})",
+                            args.join(" "),
+                            String::from_utf8_lossy(&out.stderr).trim()
+                        )
+                    })?;
+                if let Some(r) = from_iperf3_json(addr, &v) {
+                    return Ok(r);
+                }
+                let err = v.get("error").and_then(|e| e.as_str()).unwrap_or("?");
+                if tries < 20 && err.contains("unable to connect") {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+                bail!("iperf3 gave no result: {err}");
+            }
         }
     }
 }
@@ -282,10 +302,8 @@ async fn run_inner(a: &MatrixOptions) -> anyhow::Result<()> {
         let _bench = spawn_in(&a.name, 'b', &bench_args)?;
         let _iperf3 = match a.load {
             Load::Iperf3 => {
-                let mut args = strs(&["-s", "-p", &IPERF3_PORT.to_string()]);
-                if let Some(b) = a.app_buffer {
-                    args.extend(strs(&["-w", &b.to_string()]));
-                }
+                // (The client's -w applies to both ends.)
+                let args = strs(&["-s", "-p", &IPERF3_PORT.to_string()]);
                 Some(
                     in_ns_run(&a.name, 'b', Path::new("iperf3"), &args)?
                         .stdout(Stdio::null())
