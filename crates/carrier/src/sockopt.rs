@@ -162,7 +162,8 @@ pub fn send_space(sock: &impl AsRawFd) -> Option<SendSpace> {
 
 /// Whether the kernel reports the socket writable right now (a level
 /// check, as `select` or `poll` do; async runtimes cache an edge instead).
-/// For TCP that means at least a third of the send buffer is free.
+/// For TCP that means at least a third of the send buffer is free (or the
+/// socket has failed, so that a write will say why).
 pub fn poll_writable(sock: &impl AsRawFd) -> std::io::Result<bool> {
     let mut fds = [libc::pollfd {
         fd: sock.as_raw_fd(),
@@ -175,5 +176,6 @@ pub fn poll_writable(sock: &impl AsRawFd) -> std::io::Result<bool> {
     if rc < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(fds[0].revents & libc::POLLOUT != 0)
+    // An error or hang-up counts as writable: the next write reports it.
+    Ok(fds[0].revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0)
 }
