@@ -22,8 +22,24 @@ pub struct Cli {
     /// Only warnings and errors.
     #[arg(short, long, global = true)]
     pub quiet: bool,
+    /// Worker threads: 1 runs everything on one thread (the client's
+    /// default: one session, no hand-offs between threads), 0 one per CPU
+    /// (the default of every other command).
+    #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub threads: Option<u16>,
     #[command(subcommand)]
     pub cmd: Cmd,
+}
+
+impl Cli {
+    /// `--threads`, or the command's default.
+    pub fn threads(&self) -> usize {
+        match (self.threads, &self.cmd) {
+            (Some(n), _) => n as usize,
+            (None, Cmd::Client(_)) => 1,
+            (None, _) => 0,
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]

@@ -51,10 +51,22 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // One thread saves the hand-offs (futex wake-ups, context switches)
+    // between a stream's pump and the carrier writer: on loopback ≈ 10 %
+    // less CPU per byte (docs/BENCHMARKS.md, issue 11).
+    let rt = match cli.threads() {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        0 => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    };
+    let rt = match rt {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("longhaul: cannot start the runtime: {e}");
