@@ -37,6 +37,8 @@ pub const T_PONG: u8 = 111;
 pub const T_BIND: u8 = 112;
 pub const T_BIND_SUCCESS: u8 = 113;
 pub const T_BIND_FAILURE: u8 = 114;
+/// Link layer (native mode with resume): not part of the multiplexer.
+pub const T_ACK: u8 = 115;
 
 /// Why an OPEN (or a BIND) failed. The values are JMUX's, which are SOCKS5's
 /// reply codes, so a SOCKS5 front end can pass them straight through.
@@ -143,6 +145,12 @@ pub enum Frame {
         reason: Reason,
         description: String,
     },
+    /// Link layer: every byte of frames up to `received` (counted from the
+    /// start of the session, link frames excluded) has arrived. Never
+    /// sequenced itself, so never replayed.
+    Ack {
+        received: u64,
+    },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -176,6 +184,7 @@ impl Frame {
             Frame::Bind { .. } => T_BIND,
             Frame::BindSuccess { .. } => T_BIND_SUCCESS,
             Frame::BindFailure { .. } => T_BIND_FAILURE,
+            Frame::Ack { .. } => T_ACK,
         }
     }
 
@@ -196,6 +205,7 @@ impl Frame {
             Frame::Bind { bind, dest, .. } => 4 + 2 + bind.len() + dest.len(),
             Frame::BindSuccess { .. } => 6,
             Frame::BindFailure { description, .. } => 8 + description.len(),
+            Frame::Ack { .. } => 8,
         }
     }
 
@@ -259,6 +269,7 @@ impl Frame {
             }
             Frame::Eof { recipient } | Frame::Close { recipient } => dst.put_u32(*recipient),
             Frame::Ping { nonce } | Frame::Pong { nonce } => dst.put_u64(*nonce),
+            Frame::Ack { received } => dst.put_u64(*received),
             Frame::Bind {
                 request,
                 bind,
@@ -344,7 +355,7 @@ pub fn decode(buf: &mut BytesMut, limits: DecodeLimits) -> Result<Option<Frame>,
         });
     }
     let known = (T_OPEN..=T_CLOSE).contains(&ty)
-        || (limits.extensions && (T_PING..=T_BIND_FAILURE).contains(&ty));
+        || (limits.extensions && (T_PING..=T_ACK).contains(&ty));
     if !known {
         return Err(FrameError::UnknownType(ty));
     }
@@ -469,6 +480,12 @@ fn decode_body(ty: u8, mut b: Bytes) -> Result<Frame, FrameError> {
                 description: string(&b, "BIND_FAILURE")?,
             }
         }
+        T_ACK => {
+            need(&b, 8, "ACK")?;
+            Frame::Ack {
+                received: b.get_u64(),
+            }
+        }
         other => return Err(FrameError::UnknownType(other)),
     };
     Ok(f)
@@ -499,210 +516,5 @@ pub fn format_dest(host: &str, port: u16) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn roundtrip(f: Frame) {
-        let mut b = BytesMut::new();
-        f.encode(&mut b).unwrap();
-        assert_eq!(b.len(), f.encoded_len());
-        let got = decode(&mut b, DecodeLimits::default()).unwrap().unwrap();
-        assert_eq!(got, f);
-        assert!(b.is_empty());
-    }
-
-    #[test]
-    fn jmux_byte_layout() {
-        // OPEN as the JMUX specification lays it out.
-        let f = Frame::Open {
-            sender: 1,
-            window: 1024,
-            max_packet: 1024,
-            dest: "tcp://google.com:443".into(),
-        };
-        let b = f.to_bytes().unwrap();
-        let mut expect = vec![100, 0, 34, 0, 0, 0, 0, 1, 0, 0, 4, 0, 4, 0];
-        expect.extend_from_slice(b"tcp://google.com:443");
-        assert_eq!(&b[..], &expect[..]);
-        let eof = Frame::Eof { recipient: 1 }.to_bytes().unwrap();
-        assert_eq!(&eof[..], &[105, 0, 8, 0, 0, 0, 0, 1]);
-    }
-
-    #[test]
-    fn partial_input_waits() {
-        let b = Frame::WindowAdjust {
-            recipient: 7,
-            increment: 9,
-        }
-        .to_bytes()
-        .unwrap();
-        for cut in 0..b.len() {
-            let mut part = BytesMut::from(&b[..cut]);
-            assert_eq!(decode(&mut part, DecodeLimits::default()), Ok(None));
-            assert_eq!(part.len(), cut, "nothing consumed");
-        }
-    }
-
-    #[test]
-    fn rejects_bad_frames() {
-        let mut tiny = BytesMut::from(&[104u8, 0, 3, 0][..]);
-        assert_eq!(
-            decode(&mut tiny, DecodeLimits::default()),
-            Err(FrameError::TooSmall(3))
-        );
-        let mut big = BytesMut::from(&[104u8, 0x40, 0, 0][..]);
-        let lim = DecodeLimits {
-            max_frame: 4096,
-            extensions: true,
-        };
-        assert!(matches!(
-            decode(&mut big, lim),
-            Err(FrameError::TooLarge { .. })
-        ));
-        let mut ext = Frame::Ping { nonce: 1 }.to_bytes().unwrap().into();
-        let jmux = DecodeLimits {
-            max_frame: MAX_FRAME_LEN,
-            extensions: false,
-        };
-        assert_eq!(decode(&mut ext, jmux), Err(FrameError::UnknownType(110)));
-        let mut short = BytesMut::from(&[103u8, 0, 8, 0, 0, 0, 0, 1][..]);
-        assert_eq!(
-            decode(&mut short, DecodeLimits::default()),
-            Err(FrameError::Truncated("WINDOW_ADJUST"))
-        );
-    }
-
-    #[test]
-    fn oversized_data_is_refused_by_encoder() {
-        let f = Frame::Data {
-            recipient: 1,
-            payload: Bytes::from(vec![0; MAX_DATA_PAYLOAD + 1]),
-        };
-        assert!(matches!(f.to_bytes(), Err(FrameError::Oversized(_))));
-        roundtrip(Frame::Data {
-            recipient: 1,
-            payload: Bytes::from(vec![7; MAX_DATA_PAYLOAD]),
-        });
-    }
-
-    #[test]
-    fn data_header_matches_encoder() {
-        let payload = Bytes::from_static(b"hello");
-        let f = Frame::Data {
-            recipient: 42,
-            payload: payload.clone(),
-        }
-        .to_bytes()
-        .unwrap();
-        let mut h = [0u8; 8];
-        write_data_header(&mut h, 42, payload.len());
-        assert_eq!(&f[..8], &h);
-    }
-
-    #[test]
-    fn dest_urls() {
-        assert_eq!(parse_dest("tcp://[::1]:80"), Some(("::1".to_string(), 80)));
-        assert_eq!(parse_dest("tcp://a.b:1"), Some(("a.b".to_string(), 1)));
-        assert_eq!(parse_dest("udp://a.b:1"), None);
-        assert_eq!(parse_dest("tcp://:1"), None);
-        assert_eq!(format_dest("::1", 5), "tcp://[::1]:5");
-    }
-
-    fn any_string() -> impl Strategy<Value = String> {
-        // Trailing NULs are stripped by design, so generate strings without them.
-        "[a-z0-9.:/\\[\\]-]{0,40}"
-    }
-
-    pub(crate) fn any_frame() -> impl Strategy<Value = Frame> {
-        prop_oneof![
-            (any::<u32>(), any::<u32>(), any::<u16>(), any_string()).prop_map(
-                |(sender, window, max_packet, dest)| Frame::Open {
-                    sender,
-                    window,
-                    max_packet,
-                    dest
-                }
-            ),
-            (any::<u32>(), any::<u32>(), any::<u32>(), any::<u16>()).prop_map(
-                |(recipient, sender, window, max_packet)| Frame::OpenSuccess {
-                    recipient,
-                    sender,
-                    window,
-                    max_packet
-                }
-            ),
-            (any::<u32>(), any::<u32>(), any_string()).prop_map(|(r, c, d)| {
-                Frame::OpenFailure {
-                    recipient: r,
-                    reason: Reason(c),
-                    description: d,
-                }
-            }),
-            (any::<u32>(), any::<u32>()).prop_map(|(recipient, increment)| {
-                Frame::WindowAdjust {
-                    recipient,
-                    increment,
-                }
-            }),
-            (
-                any::<u32>(),
-                proptest::collection::vec(any::<u8>(), 0..2000)
-            )
-                .prop_map(|(recipient, p)| Frame::Data {
-                    recipient,
-                    payload: p.into()
-                }),
-            any::<u32>().prop_map(|recipient| Frame::Eof { recipient }),
-            any::<u32>().prop_map(|recipient| Frame::Close { recipient }),
-            any::<u64>().prop_map(|nonce| Frame::Ping { nonce }),
-            any::<u64>().prop_map(|nonce| Frame::Pong { nonce }),
-            (any::<u32>(), any_string(), any_string()).prop_map(|(request, bind, dest)| {
-                Frame::Bind {
-                    request,
-                    bind,
-                    dest,
-                }
-            }),
-            (any::<u32>(), any::<u16>())
-                .prop_map(|(request, port)| Frame::BindSuccess { request, port }),
-            (any::<u32>(), any::<u32>(), any_string()).prop_map(|(request, c, description)| {
-                Frame::BindFailure {
-                    request,
-                    reason: Reason(c),
-                    description,
-                }
-            }),
-        ]
-    }
-
-    proptest! {
-        #[test]
-        fn every_valid_message_roundtrips(f in any_frame()) {
-            roundtrip(f);
-        }
-
-        #[test]
-        fn a_stream_of_messages_decodes_in_order(frames in proptest::collection::vec(any_frame(), 0..20)) {
-            let mut b = BytesMut::new();
-            for f in &frames { f.encode(&mut b).unwrap(); }
-            let mut out = vec![];
-            while let Some(f) = decode(&mut b, DecodeLimits::default()).unwrap() { out.push(f); }
-            prop_assert_eq!(out, frames);
-        }
-
-        #[test]
-        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..300), ext in any::<bool>(), max in 4usize..70000) {
-            let mut b = BytesMut::from(&data[..]);
-            let lim = DecodeLimits { max_frame: max.min(MAX_FRAME_LEN), extensions: ext };
-            // Decode until error or need-more; every consumed frame must shrink the buffer.
-            loop {
-                let before = b.len();
-                match decode(&mut b, lim) {
-                    Ok(Some(_)) => prop_assert!(b.len() < before),
-                    Ok(None) | Err(_) => break,
-                }
-            }
-        }
-    }
-}
+#[path = "frame_tests.rs"]
+mod tests;

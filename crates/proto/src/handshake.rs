@@ -22,7 +22,11 @@ pub const HELLO_LEN: usize = 20;
 pub const FEATURE_PING: u32 = 1 << 0;
 /// Reverse forwards (BIND messages).
 pub const FEATURE_BIND: u32 = 1 << 1;
-/// Everything this build implements.
+/// The link layer (ACK frames) and the attach exchange of
+/// [`crate::resume`]: sessions that survive a dropped carrier.
+pub const FEATURE_RESUME: u32 = 1 << 2;
+/// What every native session offers; [`FEATURE_RESUME`] is added by
+/// sessions that can resume (not JMUX-like pipes such as `--stdio`).
 pub const FEATURES: u32 = FEATURE_PING | FEATURE_BIND;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,6 +16,11 @@
 //!   lifecycle as explicit states), windows, the control lane, scheduling,
 //!   keepalive and expiry; frames and local events in, frames to write,
 //!   events and deadlines out.
+//! * [`link`] — the link layer under the multiplexer: byte sequence
+//!   numbers, cumulative acknowledgements and the replay buffer that let a
+//!   session resume on a new carrier with nothing lost or repeated.
+//! * [`resume`] — the exchange that attaches a carrier to a new or an
+//!   existing session (session id, proof of the session secret, offsets).
 //! * [`outframe`] — a frame waiting for the carrier, header and payload
 //!   kept apart so DATA is never copied.
 #![forbid(unsafe_code)]
@@ -23,8 +28,10 @@
 pub mod drr;
 pub mod frame;
 pub mod handshake;
+pub mod link;
 pub mod mux;
 pub mod outframe;
+pub mod resume;
 pub mod window;
 
 pub use frame::{Frame, FrameError, Reason};

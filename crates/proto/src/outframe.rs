@@ -6,7 +6,7 @@
 //! `body`. The writer sends header and body as separate iovecs.
 
 use crate::drr::HasLen;
-use crate::frame::{DATA_HEADER_LEN, T_CLOSE, T_OPEN_SUCCESS};
+use crate::frame::{DATA_HEADER_LEN, T_ACK, T_CLOSE, T_OPEN_SUCCESS};
 use bytes::{Buf, Bytes};
 
 /// The peer's stream id of an encoded frame addressed to a stream
@@ -21,6 +21,7 @@ pub fn stream_recipient(encoded: &[u8]) -> Option<u32> {
     }
 }
 
+#[derive(Debug)]
 pub struct OutFrame {
     head: [u8; DATA_HEADER_LEN],
     /// Bytes of `head` not yet written, counted from its end.
@@ -53,6 +54,24 @@ impl OutFrame {
             body: payload,
             started: false,
         }
+    }
+
+    /// A copy as it was before any of it was written (payload shared, not
+    /// copied): what the link layer keeps for a replay.
+    pub fn pristine(&self) -> OutFrame {
+        debug_assert!(!self.started, "a frame is recorded before it is written");
+        OutFrame {
+            head: self.head,
+            head_left: self.head_left,
+            body: self.body.clone(),
+            started: false,
+            recipient: self.recipient,
+        }
+    }
+
+    /// A link-layer frame (ACK): not sequenced, never replayed.
+    pub fn is_link(&self) -> bool {
+        self.head_left == 0 && self.body.first() == Some(&T_ACK)
     }
 
     pub fn head(&self) -> &[u8] {

@@ -267,6 +267,10 @@ impl Mux {
                 }),
                 "BIND_FAILURE",
             )?,
+            Frame::Ack { .. } => {
+                // The link layer takes its ACKs before frames reach here.
+                return Err(Violation("ACK on a session without a link layer".into()));
+            }
         }
         Ok(())
     }

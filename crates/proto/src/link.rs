@@ -1,0 +1,302 @@
+//! The link layer: what lets a session outlive its carrier.
+//!
+//! Each side numbers the bytes of the frames it sends (from 0 at the start
+//! of the session; link frames — ACK — are not counted), acknowledges
+//! cumulatively what it has received, and keeps every frame it wrote in a
+//! [`Replay`] buffer until the peer has acknowledged it. When a carrier
+//! drops, the two sides tell each other what they received and each sends
+//! again, from its replay buffer, exactly what the other is missing: nothing
+//! lost, nothing twice, and the multiplexer above never sees the drop.
+//!
+//! Offsets always fall on frame boundaries: a receiver counts only whole
+//! frames it decoded, and a partial frame in its buffer when the carrier
+//! drops is thrown away and comes again.
+//!
+//! The same layer serves one carrier or, later, several (striping) and
+//! other byte pipes (a folder): it only needs bytes in order per carrier.
+
+use std::collections::VecDeque;
+
+use crate::frame::Frame;
+use crate::outframe::OutFrame;
+
+/// Default bound of the replay buffer when the path's buffers are unknown.
+pub const DEFAULT_REPLAY_LIMIT: usize = 32 << 20;
+/// Smallest replay bound a peer may announce (so it acknowledges often
+/// enough without flooding ACKs).
+pub const MIN_REPLAY_LIMIT: usize = 256 << 10;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    #[error("peer acknowledged byte {acked} of the session, but only {sent} were sent")]
+    AckBeyondSent { acked: u64, sent: u64 },
+    #[error("peer acknowledged byte {acked}, behind its earlier acknowledgement of {before}")]
+    AckBackwards { acked: u64, before: u64 },
+    #[error("peer says it received {received} bytes, but {sent} were sent")]
+    ResumeBeyondSent { received: u64, sent: u64 },
+    #[error("peer says it received {received} bytes, behind its acknowledgement of {acked}")]
+    ResumeBehindAck { received: u64, acked: u64 },
+    #[error("peer's offset {0} is not at a frame boundary")]
+    NotAFrameBoundary(u64),
+}
+
+/// The sending half: frames written, kept until acknowledged.
+#[derive(Debug)]
+pub struct Replay {
+    /// Pristine copies of the frames written since `acked`, in wire order;
+    /// they share their payload with the frame written (no copy).
+    frames: VecDeque<OutFrame>,
+    /// Sequence number of the first byte of `frames.front()`.
+    start: u64,
+    /// Sequence number of the next byte to be written.
+    sent: u64,
+    /// Highest acknowledgement from the peer.
+    acked: u64,
+    /// Bytes held in `frames` (header and payload).
+    held: usize,
+    limit: usize,
+}
+
+impl Replay {
+    /// `limit`: bytes the buffer may hold before the writer must wait.
+    pub fn new(limit: usize) -> Replay {
+        Replay {
+            frames: VecDeque::new(),
+            start: 0,
+            sent: 0,
+            acked: 0,
+            held: 0,
+            limit,
+        }
+    }
+
+    /// Bytes that may still be written before an acknowledgement is needed.
+    /// The writer takes at most this much from the multiplexer; a batch may
+    /// overshoot by its last frame, so the real bound is `limit` plus one
+    /// batch.
+    pub fn room(&self) -> usize {
+        self.limit.saturating_sub(self.held)
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes held for a possible replay.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    pub fn acked(&self) -> u64 {
+        self.acked
+    }
+
+    /// Records a frame as it starts going out (its first byte is about to be
+    /// written). Link frames (ACK) are not sequenced and are ignored.
+    pub fn record(&mut self, f: &OutFrame) {
+        if f.is_link() {
+            return;
+        }
+        let copy = f.pristine();
+        let n = copy.remaining();
+        self.sent += n as u64;
+        self.held += n;
+        self.frames.push_back(copy);
+    }
+
+    /// The peer has every byte below `acked`: frames wholly below it are let
+    /// go. Returns whether room was freed.
+    pub fn ack(&mut self, acked: u64) -> Result<bool, LinkError> {
+        if acked > self.sent {
+            return Err(LinkError::AckBeyondSent {
+                acked,
+                sent: self.sent,
+            });
+        }
+        if acked < self.acked {
+            return Err(LinkError::AckBackwards {
+                acked,
+                before: self.acked,
+            });
+        }
+        self.acked = acked;
+        let before = self.held;
+        while let Some(f) = self.frames.front() {
+            let n = f.remaining();
+            if self.start + n as u64 > acked {
+                break;
+            }
+            self.start += n as u64;
+            self.held -= n;
+            self.frames.pop_front();
+        }
+        Ok(self.held < before)
+    }
+
+    /// After a carrier drop: the peer has every byte below `received`.
+    /// Returns fresh copies of every frame from there on, to be written
+    /// first on the new carrier (they stay recorded: not to be recorded
+    /// again).
+    pub fn rewind(&mut self, received: u64) -> Result<Vec<OutFrame>, LinkError> {
+        if received > self.sent {
+            return Err(LinkError::ResumeBeyondSent {
+                received,
+                sent: self.sent,
+            });
+        }
+        if received < self.acked {
+            return Err(LinkError::ResumeBehindAck {
+                received,
+                acked: self.acked,
+            });
+        }
+        // Check the boundary before letting anything go.
+        let mut at = self.start;
+        let mut boundary = at == received;
+        for f in &self.frames {
+            if at >= received {
+                break;
+            }
+            at += f.remaining() as u64;
+            boundary = at == received;
+        }
+        if !boundary {
+            return Err(LinkError::NotAFrameBoundary(received));
+        }
+        self.ack(received)?;
+        Ok(self.frames.iter().map(OutFrame::pristine).collect())
+    }
+}
+
+/// The receiving half: what arrived, and what the peer has been told.
+#[derive(Debug)]
+pub struct Receipt {
+    /// Bytes of whole sequenced frames received.
+    received: u64,
+    /// Highest acknowledgement sent.
+    told: u64,
+    /// Send an ACK on its own once this much is unacknowledged.
+    ack_every: u64,
+}
+
+impl Receipt {
+    /// `peer_limit`: the peer's replay bound; an ACK goes out on its own
+    /// once a quarter of it is unacknowledged, so the peer's writer never
+    /// waits for one on a healthy carrier.
+    pub fn new(peer_limit: usize) -> Receipt {
+        Receipt {
+            received: 0,
+            told: 0,
+            ack_every: (peer_limit.max(MIN_REPLAY_LIMIT) / 4) as u64,
+        }
+    }
+
+    /// A whole frame of `len` encoded bytes arrived (not a link frame).
+    pub fn on_frame(&mut self, len: usize) {
+        self.received += len as u64;
+    }
+
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    /// Enough is unacknowledged that an ACK is worth a write of its own.
+    pub fn ack_due(&self) -> bool {
+        self.received - self.told >= self.ack_every
+    }
+
+    /// An ACK for everything received, if anything is unacknowledged: sent
+    /// along with whatever the writer writes next.
+    pub fn take_ack(&mut self) -> Option<Frame> {
+        if self.received == self.told {
+            return None;
+        }
+        self.told = self.received;
+        Some(Frame::Ack {
+            received: self.received,
+        })
+    }
+
+    /// A new carrier: the peer learns our offset in the resume exchange,
+    /// which counts as an acknowledgement.
+    pub fn resumed(&mut self) {
+        self.told = self.received;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn frame(n: usize) -> OutFrame {
+        let mut h = [0u8; crate::frame::DATA_HEADER_LEN];
+        crate::frame::write_data_header(&mut h, 1, n);
+        OutFrame::data(h, Bytes::from(vec![7u8; n]))
+    }
+
+    #[test]
+    fn holds_until_acknowledged_and_replays_from_the_peer_offset() {
+        let mut r = Replay::new(1000);
+        for n in [100, 200, 300] {
+            let mut f = frame(n);
+            r.record(&f);
+            // What is written afterwards does not change the copy.
+            f.advance(50);
+        }
+        assert_eq!(r.sent(), 108 + 208 + 308);
+        assert_eq!(r.held(), 624);
+        assert_eq!(r.room(), 376);
+        // An ACK inside the second frame frees only the first.
+        assert!(r.ack(200).unwrap());
+        assert_eq!(r.held(), 516);
+        assert!(matches!(r.ack(100), Err(LinkError::AckBackwards { .. })));
+        assert!(matches!(r.ack(10_000), Err(LinkError::AckBeyondSent { .. })));
+        // Resume: the peer got the first two frames.
+        assert!(matches!(
+            r.rewind(300),
+            Err(LinkError::NotAFrameBoundary(300))
+        ));
+        let again = r.rewind(316).unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].remaining(), 308);
+        assert_eq!(again[0].head().len(), 8);
+        assert_eq!(r.held(), 308);
+        // Everything received: nothing to send again.
+        assert!(r.rewind(624).unwrap().is_empty());
+        assert!(matches!(
+            r.rewind(316),
+            Err(LinkError::ResumeBehindAck { .. })
+        ));
+        assert!(matches!(
+            r.rewind(625),
+            Err(LinkError::ResumeBeyondSent { .. })
+        ));
+    }
+
+    #[test]
+    fn acks_are_not_sequenced_and_go_out_when_due() {
+        let mut r = Replay::new(1 << 20);
+        let ack = OutFrame::encoded(Frame::Ack { received: 5 }.to_bytes().unwrap());
+        r.record(&ack);
+        assert_eq!(r.sent(), 0);
+        let mut rx = Receipt::new(1 << 20);
+        assert_eq!(rx.take_ack(), None);
+        rx.on_frame(1000);
+        assert!(!rx.ack_due());
+        rx.on_frame(256 << 10);
+        assert!(rx.ack_due());
+        assert_eq!(
+            rx.take_ack(),
+            Some(Frame::Ack {
+                received: 1000 + (256 << 10)
+            })
+        );
+        assert!(!rx.ack_due());
+        assert_eq!(rx.take_ack(), None);
+    }
+}

@@ -1,0 +1,309 @@
+//! Attaching a carrier to a session: a new one, or one that lost its carrier.
+//!
+//! Runs right after the hello when both sides offer
+//! [`FEATURE_RESUME`](crate::handshake::FEATURE_RESUME), and after the
+//! carrier's own authentication (TLS key, token). Fixed-size messages:
+//!
+//! ```text
+//! client → server  ATTACH   (73 bytes)
+//!   "LHR1" | u8 kind (0 new, 1 resume) | 16 B session id | u64 attempt
+//!   | u64 bytes received | 32 B proof | u32 replay limit
+//! server → client  ATTACHED (65 bytes)
+//!   "LHR1" | u8 status | 16 B session id | 32 B secret (new sessions only)
+//!   | u64 bytes received | u32 replay limit
+//! ```
+//!
+//! A new session gets a random id and secret (the server makes them). To
+//! resume, the client proves it holds the secret without sending it:
+//! `proof = SHA-256(secret ‖ "longhaul resume" ‖ id ‖ attempt ‖ received)`,
+//! all fixed-length, with `attempt` larger than any accepted before, so a
+//! proof seen once cannot be used again. Both sides then send again what the
+//! other has not received ([`crate::link::Replay::rewind`]).
+
+use sha2::{Digest, Sha256};
+
+pub const MAGIC: &[u8; 4] = b"LHR1";
+pub const ATTACH_LEN: usize = 73;
+pub const ATTACHED_LEN: usize = 65;
+
+/// A session's name on the server: 128 random bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SessionId(pub [u8; 16]);
+
+impl std::fmt::Display for SessionId {
+    /// The first 8 bytes in hex: enough to tell sessions apart in logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What proves a resume comes from the client that started the session.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub [u8; 32]);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+/// The client's request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attach {
+    New {
+        replay_limit: u32,
+    },
+    Resume {
+        id: SessionId,
+        attempt: u64,
+        received: u64,
+        proof: [u8; 32],
+        replay_limit: u32,
+    },
+}
+
+/// Why a resume was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No such session (never was, expired, or the server restarted).
+    Unknown,
+    /// Wrong proof, a different client identity, or an attempt number
+    /// already used.
+    Denied,
+    /// The client's offset does not fit what the server sent.
+    BadOffset,
+}
+
+impl Refusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Unknown => "no such session on the server (expired, or the server restarted)",
+            Refusal::Denied => "the server did not accept the proof of the session",
+            Refusal::BadOffset => "the offsets of the two sides do not fit",
+        }
+    }
+}
+
+/// The server's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attached {
+    New {
+        id: SessionId,
+        secret: Secret,
+        replay_limit: u32,
+    },
+    Resumed {
+        received: u64,
+        replay_limit: u32,
+    },
+    Refused(Refusal),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResumeError {
+    #[error("peer sent something other than a session attach message")]
+    BadMagic,
+    #[error("unknown attach kind {0}")]
+    BadKind(u8),
+}
+
+/// The proof of `secret` for one resume attempt.
+pub fn proof(secret: &Secret, id: &SessionId, attempt: u64, received: u64) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(secret.0);
+    h.update(b"longhaul resume");
+    h.update(id.0);
+    h.update(attempt.to_be_bytes());
+    h.update(received.to_be_bytes());
+    h.finalize().into()
+}
+
+/// Compares proofs in constant time.
+pub fn proof_matches(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(x)
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut x = [0u8; 4];
+    x.copy_from_slice(&b[at..at + 4]);
+    u32::from_be_bytes(x)
+}
+
+impl Attach {
+    pub fn encode(&self) -> [u8; ATTACH_LEN] {
+        let mut b = [0u8; ATTACH_LEN];
+        b[..4].copy_from_slice(MAGIC);
+        match self {
+            Attach::New { replay_limit } => {
+                b[69..73].copy_from_slice(&replay_limit.to_be_bytes());
+            }
+            Attach::Resume {
+                id,
+                attempt,
+                received,
+                proof,
+                replay_limit,
+            } => {
+                b[4] = 1;
+                b[5..21].copy_from_slice(&id.0);
+                b[21..29].copy_from_slice(&attempt.to_be_bytes());
+                b[29..37].copy_from_slice(&received.to_be_bytes());
+                b[37..69].copy_from_slice(proof);
+                b[69..73].copy_from_slice(&replay_limit.to_be_bytes());
+            }
+        }
+        b
+    }
+
+    pub fn decode(b: &[u8; ATTACH_LEN]) -> Result<Attach, ResumeError> {
+        if &b[..4] != MAGIC {
+            return Err(ResumeError::BadMagic);
+        }
+        let replay_limit = u32_at(b, 69);
+        match b[4] {
+            0 => Ok(Attach::New { replay_limit }),
+            1 => {
+                let mut id = [0u8; 16];
+                id.copy_from_slice(&b[5..21]);
+                let mut proof = [0u8; 32];
+                proof.copy_from_slice(&b[37..69]);
+                Ok(Attach::Resume {
+                    id: SessionId(id),
+                    attempt: u64_at(b, 21),
+                    received: u64_at(b, 29),
+                    proof,
+                    replay_limit,
+                })
+            }
+            k => Err(ResumeError::BadKind(k)),
+        }
+    }
+}
+
+impl Attached {
+    pub fn encode(&self) -> [u8; ATTACHED_LEN] {
+        let mut b = [0u8; ATTACHED_LEN];
+        b[..4].copy_from_slice(MAGIC);
+        match self {
+            Attached::New {
+                id,
+                secret,
+                replay_limit,
+            } => {
+                b[5..21].copy_from_slice(&id.0);
+                b[21..53].copy_from_slice(&secret.0);
+                b[61..65].copy_from_slice(&replay_limit.to_be_bytes());
+            }
+            Attached::Resumed {
+                received,
+                replay_limit,
+            } => {
+                b[4] = 1;
+                b[53..61].copy_from_slice(&received.to_be_bytes());
+                b[61..65].copy_from_slice(&replay_limit.to_be_bytes());
+            }
+            Attached::Refused(r) => {
+                b[4] = match r {
+                    Refusal::Unknown => 2,
+                    Refusal::Denied => 3,
+                    Refusal::BadOffset => 4,
+                };
+            }
+        }
+        b
+    }
+
+    pub fn decode(b: &[u8; ATTACHED_LEN]) -> Result<Attached, ResumeError> {
+        if &b[..4] != MAGIC {
+            return Err(ResumeError::BadMagic);
+        }
+        let replay_limit = u32_at(b, 61);
+        Ok(match b[4] {
+            0 => {
+                let mut id = [0u8; 16];
+                id.copy_from_slice(&b[5..21]);
+                let mut secret = [0u8; 32];
+                secret.copy_from_slice(&b[21..53]);
+                Attached::New {
+                    id: SessionId(id),
+                    secret: Secret(secret),
+                    replay_limit,
+                }
+            }
+            1 => Attached::Resumed {
+                received: u64_at(b, 53),
+                replay_limit,
+            },
+            2 => Attached::Refused(Refusal::Unknown),
+            3 => Attached::Refused(Refusal::Denied),
+            4 => Attached::Refused(Refusal::BadOffset),
+            k => return Err(ResumeError::BadKind(k)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        let id = SessionId([9; 16]);
+        let secret = Secret([4; 32]);
+        let p = proof(&secret, &id, 3, 77);
+        for a in [
+            Attach::New { replay_limit: 5 },
+            Attach::Resume {
+                id,
+                attempt: 3,
+                received: 77,
+                proof: p,
+                replay_limit: 1 << 25,
+            },
+        ] {
+            assert_eq!(Attach::decode(&a.encode()), Ok(a));
+        }
+        for a in [
+            Attached::New {
+                id,
+                secret: secret.clone(),
+                replay_limit: 9,
+            },
+            Attached::Resumed {
+                received: u64::MAX,
+                replay_limit: 1,
+            },
+            Attached::Refused(Refusal::Unknown),
+            Attached::Refused(Refusal::Denied),
+            Attached::Refused(Refusal::BadOffset),
+        ] {
+            assert_eq!(Attached::decode(&a.encode()), Ok(a));
+        }
+        let mut bad = Attach::New { replay_limit: 1 }.encode();
+        bad[4] = 7;
+        assert_eq!(Attach::decode(&bad), Err(ResumeError::BadKind(7)));
+        bad[0] = b'X';
+        assert_eq!(Attach::decode(&bad), Err(ResumeError::BadMagic));
+    }
+
+    #[test]
+    fn a_proof_is_bound_to_secret_id_attempt_and_offset() {
+        let id = SessionId([1; 16]);
+        let s = Secret([2; 32]);
+        let p = proof(&s, &id, 1, 100);
+        assert!(proof_matches(&p, &proof(&s, &id, 1, 100)));
+        assert!(!proof_matches(&p, &proof(&Secret([3; 32]), &id, 1, 100)));
+        assert!(!proof_matches(&p, &proof(&s, &SessionId([0; 16]), 1, 100)));
+        assert!(!proof_matches(&p, &proof(&s, &id, 2, 100)));
+        assert!(!proof_matches(&p, &proof(&s, &id, 1, 101)));
+    }
+}
