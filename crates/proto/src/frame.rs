@@ -39,6 +39,8 @@ pub const T_BIND_SUCCESS: u8 = 113;
 pub const T_BIND_FAILURE: u8 = 114;
 /// Link layer (native mode with resume): not part of the multiplexer.
 pub const T_ACK: u8 = 115;
+/// Link layer: the session is over on purpose; do not wait for a resume.
+pub const T_GOODBYE: u8 = 116;
 
 /// Why an OPEN (or a BIND) failed. The values are JMUX's, which are SOCKS5's
 /// reply codes, so a SOCKS5 front end can pass them straight through.
@@ -151,6 +153,9 @@ pub enum Frame {
     Ack {
         received: u64,
     },
+    /// Link layer: the sender ends the session on purpose (after its CLOSEs);
+    /// the carrier closing next is not a drop to resume from.
+    Goodbye,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -185,6 +190,7 @@ impl Frame {
             Frame::BindSuccess { .. } => T_BIND_SUCCESS,
             Frame::BindFailure { .. } => T_BIND_FAILURE,
             Frame::Ack { .. } => T_ACK,
+            Frame::Goodbye => T_GOODBYE,
         }
     }
 
@@ -206,6 +212,7 @@ impl Frame {
             Frame::BindSuccess { .. } => 6,
             Frame::BindFailure { description, .. } => 8 + description.len(),
             Frame::Ack { .. } => 8,
+            Frame::Goodbye => 0,
         }
     }
 
@@ -270,6 +277,7 @@ impl Frame {
             Frame::Eof { recipient } | Frame::Close { recipient } => dst.put_u32(*recipient),
             Frame::Ping { nonce } | Frame::Pong { nonce } => dst.put_u64(*nonce),
             Frame::Ack { received } => dst.put_u64(*received),
+            Frame::Goodbye => {}
             Frame::Bind {
                 request,
                 bind,
@@ -355,7 +363,7 @@ pub fn decode(buf: &mut BytesMut, limits: DecodeLimits) -> Result<Option<Frame>,
         });
     }
     let known = (T_OPEN..=T_CLOSE).contains(&ty)
-        || (limits.extensions && (T_PING..=T_ACK).contains(&ty));
+        || (limits.extensions && (T_PING..=T_GOODBYE).contains(&ty));
     if !known {
         return Err(FrameError::UnknownType(ty));
     }
@@ -486,6 +494,7 @@ fn decode_body(ty: u8, mut b: Bytes) -> Result<Frame, FrameError> {
                 received: b.get_u64(),
             }
         }
+        T_GOODBYE => Frame::Goodbye,
         other => return Err(FrameError::UnknownType(other)),
     };
     Ok(f)

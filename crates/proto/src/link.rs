@@ -255,7 +255,10 @@ mod tests {
         assert!(r.ack(200).unwrap());
         assert_eq!(r.held(), 516);
         assert!(matches!(r.ack(100), Err(LinkError::AckBackwards { .. })));
-        assert!(matches!(r.ack(10_000), Err(LinkError::AckBeyondSent { .. })));
+        assert!(matches!(
+            r.ack(10_000),
+            Err(LinkError::AckBeyondSent { .. })
+        ));
         // Resume: the peer got the first two frames.
         assert!(matches!(
             r.rewind(300),

@@ -6,7 +6,7 @@
 //! `body`. The writer sends header and body as separate iovecs.
 
 use crate::drr::HasLen;
-use crate::frame::{DATA_HEADER_LEN, T_ACK, T_CLOSE, T_OPEN_SUCCESS};
+use crate::frame::{DATA_HEADER_LEN, T_ACK, T_CLOSE, T_GOODBYE, T_OPEN_SUCCESS};
 use bytes::{Buf, Bytes};
 
 /// The peer's stream id of an encoded frame addressed to a stream
@@ -69,9 +69,9 @@ impl OutFrame {
         }
     }
 
-    /// A link-layer frame (ACK): not sequenced, never replayed.
+    /// A link-layer frame (ACK, GOODBYE): not sequenced, never replayed.
     pub fn is_link(&self) -> bool {
-        self.head_left == 0 && self.body.first() == Some(&T_ACK)
+        self.head_left == 0 && matches!(self.body.first(), Some(&T_ACK | &T_GOODBYE))
     }
 
     pub fn head(&self) -> &[u8] {

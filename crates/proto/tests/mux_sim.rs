@@ -5,12 +5,19 @@
 //! consume at random pace. Every byte is checked at the far end, every
 //! stream must end on both sides, and the budgets must be back to zero.
 //! Each seed replays exactly.
+//!
+//! With the link layer on, the pipe also drops at random points: both
+//! directions lose what is on the wire and each reader's unfinished frame,
+//! then the two sides exchange their received offsets and replay from
+//! there, as the session runtime does on a new carrier. Every byte must
+//! still arrive exactly once.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use longhaul_proto::frame::{self, DecodeLimits};
+use longhaul_proto::frame::{self, DecodeLimits, Frame};
+use longhaul_proto::link::{Receipt, Replay};
 use longhaul_proto::mux::{Event, Mux, MuxConfig};
 use longhaul_proto::outframe::OutFrame;
 use longhaul_proto::window::WindowConfig;
@@ -60,6 +67,7 @@ fn config(jmux: bool) -> MuxConfig {
         extensions: !jmux,
         our_max_packet: 16 * 1024,
         send_max_payload: 16 * 1024,
+        resumable: false,
     }
 }
 
@@ -77,9 +85,19 @@ struct AppStream {
     finished: bool,
 }
 
+/// One side's link layer.
+struct Link {
+    replay: Replay,
+    rx: Receipt,
+    /// Frames to send again after a drop (recorded already), before
+    /// `outgoing`.
+    resend: VecDeque<OutFrame>,
+}
+
 struct Side {
     name: &'static str,
     mux: Mux,
+    link: Option<Link>,
     /// Frames taken from the core, partly written.
     outgoing: VecDeque<OutFrame>,
     /// Bytes received, not yet decoded.
@@ -99,13 +117,25 @@ struct Sim {
     b_to_a: Wire,
     /// Payloads per stream index: (a → b, b → a).
     payloads: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Carrier drops still to make (link layer on).
+    drops_left: u32,
+    drops: u32,
 }
 
 impl Side {
-    fn new(name: &'static str, jmux: bool) -> Side {
+    fn new(name: &'static str, jmux: bool, link: bool) -> Side {
+        // A small replay bound, so that waiting for ACKs is exercised.
+        let limit = 96 * 1024;
+        let mut cfg = config(jmux);
+        cfg.resumable = link;
         Side {
             name,
-            mux: Mux::new(config(jmux)),
+            mux: Mux::new(cfg),
+            link: link.then(|| Link {
+                replay: Replay::new(limit),
+                rx: Receipt::new(limit),
+                resend: VecDeque::new(),
+            }),
             outgoing: VecDeque::new(),
             inbox: BytesMut::new(),
             streams: HashMap::new(),
@@ -116,16 +146,47 @@ impl Side {
 /// Writes a random part of what the side has to send onto the wire.
 fn transmit(rng: &mut Rng, now: u64, side: &mut Side, wire: &mut Wire) {
     if side.outgoing.is_empty() || rng.chance(50) {
-        let max_bytes = 1 + rng.below(200_000) as usize;
+        let mut max_bytes = 1 + rng.below(200_000) as usize;
+        if let Some(l) = &side.link {
+            // The writer waits for ACKs once the replay buffer is full.
+            max_bytes = max_bytes.min(l.replay.room());
+        }
         let max_frames = 1 + rng.below(32) as usize;
         side.mux
             .poll_transmit(&mut side.outgoing, max_bytes, max_frames);
+        if let Some(l) = &mut side.link {
+            // An ACK rides in front of the batch (never inside a frame).
+            if !side.outgoing.front().is_some_and(|f| f.started) {
+                let due = l.rx.ack_due() || !side.outgoing.is_empty();
+                if let Some(ack) = due.then(|| l.rx.take_ack()).flatten() {
+                    // It replaces an older ACK still queued: ACKs never go
+                    // backwards.
+                    side.outgoing.retain(|f| !f.is_link());
+                    side.outgoing
+                        .push_front(OutFrame::encoded(ack.to_bytes().unwrap()));
+                }
+            }
+        }
     }
     // A partial write: up to `budget` bytes of the queued frames.
     let mut budget = rng.below(100_000) as usize;
     let mut chunk = Vec::new();
     while budget > 0 {
-        let Some(f) = side.outgoing.front_mut() else {
+        let resend = side.link.as_ref().is_some_and(|l| !l.resend.is_empty());
+        if !resend {
+            if let (Some(l), Some(f)) = (&mut side.link, side.outgoing.front()) {
+                if !f.started {
+                    // Sequenced as it starts going out: wire order.
+                    l.replay.record(f);
+                }
+            }
+        }
+        let f = if resend {
+            side.link.as_mut().unwrap().resend.front_mut()
+        } else {
+            side.outgoing.front_mut()
+        };
+        let Some(f) = f else {
             break;
         };
         let head = f.head().to_vec();
@@ -138,7 +199,11 @@ fn transmit(rng: &mut Rng, now: u64, side: &mut Side, wire: &mut Wire) {
         f.advance(n + m);
         budget = left;
         if f.remaining() == 0 {
-            side.outgoing.pop_front();
+            if resend {
+                side.link.as_mut().unwrap().resend.pop_front();
+            } else {
+                side.outgoing.pop_front();
+            }
         }
     }
     if !chunk.is_empty() {
@@ -165,8 +230,18 @@ fn receive(rng: &mut Rng, now: u64, side: &mut Side, wire: &mut Wire) {
         side.inbox.extend_from_slice(&chunk);
         side.mux.heard(now);
         loop {
+            let before = side.inbox.len();
             match frame::decode(&mut side.inbox, DecodeLimits::default()) {
+                Ok(Some(Frame::Ack { received })) => {
+                    let l = side.link.as_mut().expect("ACK only with a link layer");
+                    if let Err(e) = l.replay.ack(received) {
+                        panic!("{}: unsound ACK: {e}", side.name);
+                    }
+                }
                 Ok(Some(f)) => {
+                    if let Some(l) = &mut side.link {
+                        l.rx.on_frame(before - side.inbox.len());
+                    }
                     if let Err(v) = side.mux.handle_frame(f, now) {
                         panic!("{}: protocol violation: {v}", side.name);
                     }
@@ -183,6 +258,11 @@ fn receive(rng: &mut Rng, now: u64, side: &mut Side, wire: &mut Wire) {
 
 impl Sim {
     fn new(seed: u64, streams: usize, jmux: bool) -> Sim {
+        Sim::with_link(seed, streams, jmux, 0)
+    }
+
+    /// `drops`: carrier drops to make (0: no link layer).
+    fn with_link(seed: u64, streams: usize, jmux: bool, drops: u32) -> Sim {
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let payloads = (0..streams)
             .map(|_| {
@@ -194,11 +274,40 @@ impl Sim {
         Sim {
             rng,
             now: 0,
-            a: Side::new("a", jmux),
-            b: Side::new("b", jmux),
+            a: Side::new("a", jmux, drops > 0),
+            b: Side::new("b", jmux, drops > 0),
             a_to_b: VecDeque::new(),
             b_to_a: VecDeque::new(),
             payloads,
+            drops_left: drops,
+            drops: 0,
+        }
+    }
+
+    /// The carrier drops: what is on the wire and each reader's unfinished
+    /// frame are lost; a started frame is in the replay buffer, frames not
+    /// started stay queued. Then the resume exchange: each side replays
+    /// from the other's received offset.
+    fn drop_and_resume(&mut self) {
+        self.drops += 1;
+        self.a_to_b.clear();
+        self.b_to_a.clear();
+        let now = self.now;
+        for side in [&mut self.a, &mut self.b] {
+            side.inbox.clear();
+            if side.outgoing.front().is_some_and(|f| f.started) {
+                side.outgoing.pop_front();
+            }
+            side.outgoing.retain(|f| !f.is_link());
+            side.mux.set_attached(false, now);
+            side.mux.set_attached(true, now);
+        }
+        let a_got = self.a.link.as_ref().unwrap().rx.received();
+        let b_got = self.b.link.as_ref().unwrap().rx.received();
+        for (side, peer_got) in [(&mut self.a, b_got), (&mut self.b, a_got)] {
+            let l = side.link.as_mut().unwrap();
+            l.resend = l.replay.rewind(peer_got).expect("offsets fit").into();
+            l.rx.resumed();
         }
     }
 
@@ -301,7 +410,13 @@ impl Sim {
                 && !s.mux.has_output()
                 && s.outgoing.is_empty()
         };
-        side_done(&self.a) && side_done(&self.b) && self.a_to_b.is_empty() && self.b_to_a.is_empty()
+        let resent = |s: &Side| s.link.as_ref().is_none_or(|l| l.resend.is_empty());
+        side_done(&self.a)
+            && side_done(&self.b)
+            && resent(&self.a)
+            && resent(&self.b)
+            && self.a_to_b.is_empty()
+            && self.b_to_a.is_empty()
     }
 
     /// Runs to the end; returns the bytes carried.
@@ -335,6 +450,10 @@ impl Sim {
                 self.events(which);
                 self.apps(which);
                 self.events(which);
+            }
+            if self.drops_left > 0 && self.rng.chance(1) {
+                self.drops_left -= 1;
+                self.drop_and_resume();
             }
             transmit(&mut self.rng, self.now, &mut self.a, &mut self.a_to_b);
             transmit(&mut self.rng, self.now, &mut self.b, &mut self.b_to_a);
@@ -383,4 +502,24 @@ fn two_cores_carry_every_byte_of_many_streams_over_a_messy_pipe() {
         bytes += sim.run();
     }
     eprintln!("160 seeds, {} MiB checked", bytes >> 20);
+}
+
+#[test]
+fn the_link_layer_carries_every_byte_exactly_once_across_random_carrier_drops() {
+    let (mut bytes, mut drops) = (0, 0);
+    for seed in 0..200 {
+        let mut sim = Sim::with_link(
+            1000 + seed,
+            1 + (seed as usize % 5) * 3,
+            false,
+            1 + seed as u32 % 6,
+        );
+        bytes += sim.run();
+        drops += sim.drops;
+    }
+    assert!(drops > 300, "only {drops} drops were made");
+    eprintln!(
+        "200 seeds, {drops} carrier drops, {} MiB checked",
+        bytes >> 20
+    );
 }

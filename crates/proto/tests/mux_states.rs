@@ -101,6 +101,7 @@ fn config() -> MuxConfig {
         extensions: true,
         our_max_packet: 2048,
         send_max_payload: 2048,
+        resumable: false,
     }
 }
 

@@ -251,6 +251,7 @@ pub fn mux_peer(data: &[u8]) {
         extensions: !jmux,
         our_max_packet: 4096,
         send_max_payload: 4096,
+        resumable: false,
     };
     let limits = DecodeLimits {
         max_frame: u16::MAX as usize,

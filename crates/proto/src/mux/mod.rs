@@ -63,6 +63,9 @@ pub struct MuxConfig {
     pub our_max_packet: u16,
     /// Largest DATA payload the carrier's frame limit lets us send.
     pub send_max_payload: usize,
+    /// A link layer can resume the session on a new carrier: a silent peer
+    /// means a dead carrier ([`Event::CarrierSilent`]), not a dead session.
+    pub resumable: bool,
 }
 
 /// Why an OPEN or BIND was refused.
@@ -121,6 +124,9 @@ pub enum Event {
         request: u32,
         result: Result<u16, Refused>,
     },
+    /// Nothing heard for `dead_after` on a resumable session: drop the
+    /// carrier and resume on a new one ([`Mux::set_attached`]).
+    CarrierSilent { silent: Duration },
 }
 
 /// An OPEN we stopped waiting for: its slot and budget are released and
@@ -189,6 +195,10 @@ pub struct Mux {
     events: VecDeque<Event>,
     /// Something was queued for the writer since [`Mux::take_new_output`].
     new_output: bool,
+    /// A carrier is attached (keepalive and dead-peer timers run).
+    attached: bool,
+    /// [`Event::CarrierSilent`] was raised for the current carrier.
+    silent_reported: bool,
 }
 
 impl Mux {
@@ -220,6 +230,8 @@ impl Mux {
             bytes_received: 0,
             events: VecDeque::new(),
             new_output: false,
+            attached: true,
+            silent_reported: false,
         }
     }
 

@@ -267,9 +267,11 @@ impl Mux {
                 }),
                 "BIND_FAILURE",
             )?,
-            Frame::Ack { .. } => {
-                // The link layer takes its ACKs before frames reach here.
-                return Err(Violation("ACK on a session without a link layer".into()));
+            Frame::Ack { .. } | Frame::Goodbye => {
+                // The link layer takes its frames before they reach here.
+                return Err(Violation(
+                    "link frame on a session without a link layer".into(),
+                ));
             }
         }
         Ok(())

@@ -15,6 +15,25 @@ impl Mux {
         self.last_rx = now;
     }
 
+    /// The carrier is gone (`false`): keepalive, dead-peer and idle timers
+    /// stop while the session waits for a new one. A new carrier (`true`)
+    /// counts as hearing from the peer, and is probed at once.
+    pub fn set_attached(&mut self, attached: bool, now: u64) {
+        self.attached = attached;
+        if attached {
+            self.last_rx = now;
+            self.busy_at = now;
+            self.last_ping = None;
+            // Answers to PINGs sent on the old carrier would time the outage.
+            self.pings.clear();
+            self.silent_reported = false;
+        }
+    }
+
+    pub fn is_attached(&self) -> bool {
+        self.attached
+    }
+
     /// When [`Mux::handle_timeout`] should run next.
     pub fn poll_timeout(&self) -> Option<u64> {
         if self.dead.is_some() {
@@ -22,13 +41,13 @@ impl Mux {
         }
         let mut next: Option<u64> = None;
         let mut at = |t: u64| next = Some(next.map_or(t, |n| n.min(t)));
-        if self.cfg.extensions {
+        if self.cfg.extensions && self.attached && !self.silent_reported {
             at(self
                 .last_ping
                 .map_or(0, |p| p + self.cfg.keepalive.as_nanos() as u64));
             at(self.last_rx + self.cfg.dead_after.as_nanos() as u64);
         }
-        if let Some(idle) = self.cfg.idle_timeout {
+        if let (Some(idle), true) = (self.cfg.idle_timeout, self.attached) {
             at(self.busy_at + idle.as_nanos() as u64);
         }
         for s in self.streams.values() {
@@ -53,22 +72,28 @@ impl Mux {
             self.busy_at = now;
             self.last_bytes = bytes;
         }
-        if let Some(idle) = self.cfg.idle_timeout {
+        if let (Some(idle), true) = (self.cfg.idle_timeout, self.attached) {
             if now.saturating_sub(self.busy_at) >= idle.as_nanos() as u64 {
                 return self.close(format!("idle for {idle:?} (no streams; --idle-timeout)"));
             }
         }
-        if self.cfg.extensions {
+        if self.cfg.extensions && self.attached && !self.silent_reported {
             let silent = now.saturating_sub(self.last_rx);
-            if silent > self.cfg.dead_after.as_nanos() as u64 {
+            if silent > self.cfg.dead_after.as_nanos() as u64 && self.cfg.resumable {
+                self.silent_reported = true;
+                self.events.push_back(Event::CarrierSilent {
+                    silent: Duration::from_nanos(silent),
+                });
+            } else if silent > self.cfg.dead_after.as_nanos() as u64 {
                 return self.close(format!(
                     "peer unresponsive for {:?}",
                     Duration::from_nanos(silent)
                 ));
             }
-            let due = self
-                .last_ping
-                .is_none_or(|p| now >= p + self.cfg.keepalive.as_nanos() as u64);
+            let due = !self.silent_reported
+                && self
+                    .last_ping
+                    .is_none_or(|p| now >= p + self.cfg.keepalive.as_nanos() as u64);
             if due {
                 self.last_ping = Some(now);
                 if self.pings.len() >= MAX_PINGS {
