@@ -121,7 +121,7 @@ async fn first_byte(
     s.read_exact(&mut b).await?;
     let took = t0.elapsed();
     if let Some(c) = client {
-        c.session.close("demo measurement done");
+        c.stop("demo measurement done");
     }
     Ok(took)
 }

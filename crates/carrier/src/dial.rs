@@ -43,7 +43,7 @@ pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
     }
     // No Nagle under TLS and WebSocket too: small records must not wait
     // for an ACK (40 ms with delayed ACKs).
-    crate::tune_socket(&tcp)?;
+    crate::tune_carrier_socket(&tcp)?;
     let peer = url.to_string();
     let flag = UrgentFlag::default();
     match transport {
@@ -99,13 +99,13 @@ pub async fn accept(
         Transport::Tcp => Ok((Carrier::from_tcp(tcp)?, None)),
         Transport::Tls => {
             let cfg = tls_cfg.ok_or_else(no_tls)?;
-            crate::tune_socket(&tcp)?;
+            crate::tune_carrier_socket(&tcp)?;
             let probe = crate::tcp_probe(&tcp)?;
             let (s, fp) = tls::accept(Filler::new(tcp, flag.clone())?, cfg).await?;
             Ok((Carrier::from_io(s, Some(probe), Some(flag), peer), fp))
         }
         Transport::Ws { path } => {
-            crate::tune_socket(&tcp)?;
+            crate::tune_carrier_socket(&tcp)?;
             let probe = crate::tcp_probe(&tcp)?;
             let w = ws::accept(Filler::new(tcp, flag.clone())?, path).await?;
             match tls_cfg {
@@ -118,7 +118,7 @@ pub async fn accept(
         }
         Transport::Wss { path } => {
             let cfg = tls_cfg.ok_or_else(no_tls)?;
-            crate::tune_socket(&tcp)?;
+            crate::tune_carrier_socket(&tcp)?;
             let probe = crate::tcp_probe(&tcp)?;
             let (s, fp) = tls::accept(Filler::new(tcp, flag.clone())?, cfg).await?;
             let w = ws::accept(s, path).await?;

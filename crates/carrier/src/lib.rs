@@ -157,7 +157,7 @@ impl Carrier {
 
     /// Wraps an established TCP connection.
     pub fn from_tcp(stream: TcpStream) -> io::Result<Carrier> {
-        tune_socket(&stream)?;
+        tune_carrier_socket(&stream)?;
         set_notsent_lowat(&socket2::SockRef::from(&stream), CARRIER_NOTSENT_LOWAT)?;
         let peer = stream.peer_addr()?.to_string();
         // A duplicate descriptor lets the RTT probe outlive the split halves
@@ -187,6 +187,18 @@ impl Carrier {
         }
         Carrier::from_tcp(s)
     }
+}
+
+/// A carrier whose sent data stays unacknowledged this long is dead (the
+/// kernel aborts it: TCP_USER_TIMEOUT), so a resumable session moves to a
+/// new carrier within about this long even when the path went silent
+/// without a reset.
+pub const CARRIER_USER_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Options for a carrier's TCP socket (any transport over it).
+pub fn tune_carrier_socket(stream: &TcpStream) -> io::Result<()> {
+    tune_socket(stream)?;
+    socket2::SockRef::from(stream).set_tcp_user_timeout(Some(CARRIER_USER_TIMEOUT))
 }
 
 /// Socket options for every TCP socket longhaul owns: no Nagle (longhaul

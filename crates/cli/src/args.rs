@@ -208,6 +208,25 @@ pub struct SessionArgs {
     /// Close a session with no stream open for this long (0: never).
     #[arg(long, value_name = "DURATION", default_value = "0", value_parser = parse_delay)]
     pub idle_timeout: std::time::Duration,
+    /// Bytes sent and not yet acknowledged kept for a replay after a carrier drop; the sender waits when it is full (auto: twice this machine's largest TCP send plus receive buffer, 16m to 256m).
+    #[arg(long, value_name = "SIZE", default_value = "auto", value_parser = parse_replay_size)]
+    pub replay_buffer: u64,
+    /// Nothing heard from the peer for this long: the carrier is dead (a resumable session moves to a new one).
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_delay)]
+    pub dead_after: std::time::Duration,
+}
+
+fn parse_replay_size(s: &str) -> Result<u64, String> {
+    if s == "auto" {
+        return Ok(0);
+    }
+    let n = parse_size(s)?;
+    if n < 256 * 1024 {
+        return Err(format!(
+            "--replay-buffer {s} is too small: give at least 256k (or auto)"
+        ));
+    }
+    Ok(n)
 }
 
 impl SessionArgs {
@@ -225,6 +244,12 @@ impl SessionArgs {
                 .handshake_timeout
                 .max(std::time::Duration::from_millis(100)),
             idle_timeout: (!self.idle_timeout.is_zero()).then_some(self.idle_timeout),
+            replay_limit: self.replay_buffer as usize,
+            dead_after: self.dead_after.max(std::time::Duration::from_secs(1)),
+            keepalive: (self.dead_after / 3).clamp(
+                std::time::Duration::from_millis(300),
+                std::time::Duration::from_secs(5),
+            ),
             ..SessionConfig::default()
         }
     }
@@ -272,9 +297,12 @@ pub struct ServerArgs {
     /// Plain JMUX framing (no handshake), to interoperate with jetsocat jmux-proxy.
     #[arg(long)]
     pub jmux: bool,
-    /// Carriers served at once.
+    /// Carriers served at once; a session waiting for its client to resume counts.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_sessions: usize,
+    /// How long a session whose carrier dropped waits for its client to resume it.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_delay)]
+    pub resume_timeout: std::time::Duration,
     #[command(flatten)]
     pub session: SessionArgs,
 }
@@ -323,6 +351,9 @@ pub struct ClientArgs {
     /// Plain JMUX framing (no handshake), to interoperate with jetsocat jmux-proxy.
     #[arg(long)]
     pub jmux: bool,
+    /// Do not dial again when the carrier drops (the client exits instead; the default resumes the session, or starts a new one if the server lost it).
+    #[arg(long)]
+    pub no_reconnect: bool,
     #[command(flatten)]
     pub session: SessionArgs,
 }

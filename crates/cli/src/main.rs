@@ -169,6 +169,7 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     cfg.bind_rules = a.bind_rules();
     cfg.session = a.session.config(a.jmux);
     cfg.max_sessions = a.max_sessions;
+    cfg.session.resume_timeout = a.resume_timeout;
     cfg.congestion = a.session.congestion.clone();
     if cfg.rules.is_empty() {
         tracing::warn!("no --allow rule given: every stream will be refused (add --allow HOST:PORT, or --allow-all)");
@@ -250,6 +251,7 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     cfg.http = a.http_proxy.clone();
     cfg.session = a.session.config(a.jmux);
     cfg.congestion = a.session.congestion.clone();
+    cfg.reconnect = !a.no_reconnect;
     if cfg.local.is_empty() && cfg.remote.is_empty() && cfg.socks.is_empty() && cfg.http.is_empty()
     {
         anyhow::bail!("nothing to forward: give at least one of -L, -R, -D or --http-proxy");

@@ -66,6 +66,7 @@ fn sigterm_closes_live_sessions_and_the_server_exits_cleanly() {
             "client",
             &format!("tcp://127.0.0.1:{sport}"),
             "--insecure",
+            "--no-reconnect",
             "-L",
             &format!("{lport}:127.0.0.1:{tport}"),
         ],
@@ -97,7 +98,8 @@ fn sigterm_closes_live_sessions_and_the_server_exits_cleanly() {
             "the stream hung after the server stopped: {e}"
         ),
     }
-    // The client notices its session is gone and exits non-zero.
+    // Without reconnects, the client notices its session is gone and exits
+    // non-zero.
     let cst = wait_exit(&mut client, 5);
     assert!(!cst.success());
     assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());

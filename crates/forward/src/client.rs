@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use longhaul_carrier::tls::PinVerifier;
@@ -11,9 +12,13 @@ use longhaul_carrier::{
 };
 use longhaul_proto::frame::{format_dest, parse_dest};
 use longhaul_proto::Reason;
-use longhaul_session::{Acceptor, BoxFuture, OpenRefused, Session, SessionConfig, SessionHandle};
+use longhaul_session::{
+    Acceptor, BoxFuture, OpenRefused, Session, SessionConfig, SessionError, SessionHandle,
+};
+use rand::Rng;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 use crate::connect::connect_host;
 use crate::known_hosts::{Known, KnownHosts};
@@ -39,6 +44,10 @@ pub struct ClientConfig {
     pub session: SessionConfig,
     /// Congestion control for the carrier (None: the system default).
     pub congestion: Option<String>,
+    /// Dial again when the carrier drops: resume the session, or start a
+    /// fresh one when the server no longer has it. Off in JMUX mode and
+    /// for `cmd://` (see [`ClientConfig::reconnects`]).
+    pub reconnect: bool,
 }
 
 impl ClientConfig {
@@ -56,7 +65,16 @@ impl ClientConfig {
             http: vec![],
             session: SessionConfig::default(),
             congestion: None,
+            reconnect: true,
         }
+    }
+
+    /// Whether this client reconnects: asked for, native mode, and a
+    /// carrier that can be dialled again.
+    pub fn reconnects(&self) -> bool {
+        self.reconnect
+            && self.session.mode == longhaul_session::Mode::Native
+            && !matches!(self.server, CarrierUrl::Cmd { .. })
     }
 }
 
@@ -140,7 +158,11 @@ async fn connect(config: &ClientConfig) -> anyhow::Result<longhaul_carrier::Carr
 
 /// A running client.
 pub struct Client {
-    pub session: SessionHandle,
+    /// The session in use (a new one replaces it after a refused resume).
+    current: watch::Receiver<SessionHandle>,
+    /// Why the client stopped for good (reconnects off, or stopped).
+    ended: watch::Receiver<Option<String>>,
+    stop: watch::Sender<bool>,
     /// Bound addresses of the `-L` listeners, in order.
     pub local_addrs: Vec<SocketAddr>,
     /// Bound addresses of the `-D` listeners.
@@ -185,18 +207,26 @@ enum Kind {
     Http,
 }
 
-async fn accept_loop(listener: TcpListener, kind: Kind, session: SessionHandle) {
+async fn accept_loop(
+    listener: TcpListener,
+    kind: Kind,
+    current: watch::Receiver<SessionHandle>,
+    mut ended: watch::Receiver<Option<String>>,
+) {
     let what = match &kind {
         Kind::Local(dest) => format!("-L to {dest}"),
         Kind::Socks => "-D".into(),
         Kind::Http => "--http-proxy".into(),
     };
     loop {
+        // The listener stays open while the session is being resumed or
+        // replaced: a stream opened meanwhile waits for the carrier (its
+        // OPEN is queued, and refused after the open timeout).
         let (sock, from) = tokio::select! {
             a = accept_with_backoff(&listener, &what) => a,
-            _ = session.closed() => return,
+            _ = ended.wait_for(|e| e.is_some()) => return,
         };
-        let session = session.clone();
+        let session = current.borrow().clone();
         match &kind {
             Kind::Local(dest) => {
                 let dest = dest.clone();
@@ -224,19 +254,187 @@ fn listen(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
     bind_listener(addr).with_context(|| format!("cannot listen on {addr} for {what}"))
 }
 
+/// Dials the server and authenticates: a carrier ready for the hello.
+async fn dial(config: &ClientConfig) -> anyhow::Result<longhaul_carrier::Carrier> {
+    let url = &config.server;
+    let mut carrier = connect(config).await?;
+    if config.session.mode == longhaul_session::Mode::Native {
+        let p = crate::auth::preamble(config.token.as_deref()).map_err(|e| anyhow!(e))?;
+        carrier
+            .writer
+            .write_all(&p)
+            .await
+            .with_context(|| format!("cannot authenticate to {url}"))?;
+    }
+    Ok(carrier)
+}
+
+/// A new session with the server.
+async fn establish(
+    config: &ClientConfig,
+    acceptor: Arc<ClientAcceptor>,
+) -> anyhow::Result<SessionHandle> {
+    let url = &config.server;
+    let carrier = dial(config).await?;
+    Session::start(carrier, config.session.clone(), acceptor)
+        .await
+        .with_context(|| {
+            format!("session with {url} failed (a server that closes at once did not accept our key or token)")
+        })
+}
+
+/// Waits between reconnection attempts: the first retry comes fast, then
+/// the wait doubles up to a cap, with ±25 % jitter so that many clients
+/// cut off at once do not all come back in the same instant.
+struct Backoff {
+    next: Duration,
+}
+
+/// First wait before dialling again.
+const RECONNECT_FIRST: Duration = Duration::from_millis(100);
+/// Longest wait between attempts.
+pub const RECONNECT_MAX: Duration = Duration::from_secs(10);
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff {
+            next: RECONNECT_FIRST,
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(RECONNECT_MAX);
+        d.mul_f64(rand::thread_rng().gen_range(0.75..1.25))
+    }
+}
+
+/// Keeps the client's session alive: resumes it on a new carrier when the
+/// old one drops, and starts a fresh one when the server refuses the
+/// resume or ends the session.
+async fn supervise(
+    config: Arc<ClientConfig>,
+    acceptor: Arc<ClientAcceptor>,
+    current: watch::Sender<SessionHandle>,
+    ended: watch::Sender<Option<String>>,
+    mut stop: watch::Receiver<bool>,
+    remote_ports: Vec<u16>,
+) {
+    let url = &config.server;
+    loop {
+        let session = current.borrow().clone();
+        if !config.reconnects() {
+            let why = tokio::select! {
+                why = session.closed() => why,
+                _ = stop.wait_for(|s| *s) => "client stopped".into(),
+            };
+            ended.send_replace(Some(why));
+            return;
+        }
+        let detached = tokio::select! {
+            d = session.detached() => d,
+            _ = stop.wait_for(|s| *s) => {
+                ended.send_replace(Some("client stopped".into()));
+                return;
+            }
+        };
+        let mut backoff = Backoff::new();
+        if detached {
+            let lost = Instant::now();
+            loop {
+                if session.is_closed() {
+                    break;
+                }
+                let attempt = async {
+                    let carrier = dial(&config).await?;
+                    session.resume(carrier).await.map_err(anyhow::Error::from)
+                };
+                match attempt.await {
+                    Ok(replayed) => {
+                        tracing::info!(
+                            outage = ?lost.elapsed(),
+                            replayed,
+                            "carrier to {url} back: session resumed, no stream lost"
+                        );
+                        break;
+                    }
+                    Err(e) => match e.downcast_ref::<SessionError>() {
+                        Some(SessionError::ResumeRefused(r)) => {
+                            tracing::warn!(
+                                "{url} refused to resume the session ({}): its streams are reset, starting a new session",
+                                r.as_str()
+                            );
+                            session.close(&format!("resume refused: {}", r.as_str()));
+                            break;
+                        }
+                        Some(SessionError::Closed(why)) => {
+                            session.close(why);
+                            break;
+                        }
+                        _ => tracing::warn!("reconnecting to {url}: {e:#}"),
+                    },
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.next()) => {}
+                    _ = stop.wait_for(|s| *s) => {
+                        session.close("client stopped");
+                        ended.send_replace(Some("client stopped".into()));
+                        return;
+                    }
+                }
+            }
+            if !session.is_closed() {
+                continue;
+            }
+        } else {
+            let why = session.close_reason().unwrap_or_default();
+            tracing::warn!("session with {url} ended ({why}); starting a new one");
+        }
+        // A fresh session: the old one's streams were reset.
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(backoff.next()) => {}
+                _ = stop.wait_for(|s| *s) => {
+                    ended.send_replace(Some("client stopped".into()));
+                    return;
+                }
+            }
+            match establish(&config, acceptor.clone()).await {
+                Ok(s) => {
+                    tracing::info!("new session with {url}");
+                    rebind(&config, &s, &remote_ports).await;
+                    current.send_replace(s);
+                    break;
+                }
+                Err(e) => tracing::warn!("reconnecting to {url}: {e:#}"),
+            }
+        }
+    }
+}
+
+/// Asks a fresh session for the reverse forwards again, on the ports the
+/// first session got.
+async fn rebind(config: &ClientConfig, session: &SessionHandle, ports: &[u16]) {
+    for (r, &port) in config.remote.iter().zip(ports) {
+        let dest = format_dest(&r.host, r.host_port);
+        let bind = match r.bind_addr().rsplit_once(':') {
+            Some((host, _)) => format!("{host}:{port}"),
+            None => port.to_string(),
+        };
+        match session.bind(&bind, &dest).await {
+            Ok(p) => tracing::info!("-R {}:{p} -> {}:{} open again", r.bind, r.host, r.host_port),
+            Err(e) => tracing::error!("server refused -R {bind} on the new session: {e}"),
+        }
+    }
+}
+
 impl Client {
     /// Connects the carrier, opens every listener and asks for every reverse
     /// forward. Any failure is an error (ssh's ExitOnForwardFailure).
-    pub async fn start(config: ClientConfig) -> anyhow::Result<Client> {
-        let url = &config.server;
-        let mut carrier = connect(&config).await?;
-        if config.session.mode == longhaul_session::Mode::Native {
-            let p = crate::auth::preamble(config.token.as_deref()).map_err(|e| anyhow!(e))?;
-            carrier
-                .writer
-                .write_all(&p)
-                .await
-                .with_context(|| format!("cannot authenticate to {url}"))?;
+    pub async fn start(mut config: ClientConfig) -> anyhow::Result<Client> {
+        if !config.reconnects() {
+            // Nothing would dial again: do not offer resume.
+            config.session.resume = false;
         }
         let targets: HashSet<String> = config
             .remote
@@ -246,11 +444,7 @@ impl Client {
         let acceptor = Arc::new(ClientAcceptor {
             targets: Mutex::new(targets),
         });
-        let session = Session::start(carrier, config.session.clone(), acceptor)
-            .await
-            .with_context(|| {
-                format!("session with {url} failed (a server that closes at once did not accept our key or token)")
-            })?;
+        let session = establish(&config, acceptor.clone()).await?;
 
         let mut listeners = vec![];
         let mut local_addrs = vec![];
@@ -282,11 +476,24 @@ impl Client {
             tracing::info!("-R {}:{port} -> {}:{} open", r.bind, r.host, r.host_port);
             remote_ports.push(port);
         }
+        let (current_tx, current) = watch::channel(session);
+        let (ended_tx, ended) = watch::channel(None);
+        let (stop, stop_rx) = watch::channel(false);
         for (lst, kind) in listeners {
-            tokio::spawn(accept_loop(lst, kind, session.clone()));
+            tokio::spawn(accept_loop(lst, kind, current.clone(), ended.clone()));
         }
+        tokio::spawn(supervise(
+            Arc::new(config),
+            acceptor,
+            current_tx,
+            ended_tx,
+            stop_rx,
+            remote_ports.clone(),
+        ));
         Ok(Client {
-            session,
+            current,
+            ended,
+            stop,
             local_addrs,
             socks_addrs,
             http_addrs,
@@ -294,8 +501,25 @@ impl Client {
         })
     }
 
-    /// Waits for the session to end; returns why.
+    /// The session in use now.
+    pub fn session(&self) -> SessionHandle {
+        self.current.borrow().clone()
+    }
+
+    /// Waits until the client stops for good (with reconnects, only when
+    /// [`Client::stop`] is called); returns why.
     pub async fn wait(&self) -> String {
-        self.session.closed().await
+        let mut ended = self.ended.clone();
+        let why = match ended.wait_for(|e| e.is_some()).await {
+            Ok(why) => why.clone().unwrap_or_default(),
+            Err(_) => "client gone".into(),
+        };
+        why
+    }
+
+    /// Stops reconnecting, closes the listeners and the session.
+    pub fn stop(&self, why: &str) {
+        self.stop.send_replace(true);
+        self.session().close(why);
     }
 }

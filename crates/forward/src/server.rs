@@ -10,7 +10,9 @@ use longhaul_carrier::{
     accept_with_backoff, bind_listener, Carrier, Identity, ListenUrl, Transport,
 };
 use longhaul_proto::Reason;
-use longhaul_session::{Acceptor, BoxFuture, OpenRefused, Session, SessionConfig, SessionHandle};
+use longhaul_session::{
+    Acceptor, BoxFuture, OpenRefused, Resumables, Served, Session, SessionConfig, SessionHandle,
+};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
@@ -277,6 +279,7 @@ impl Server {
         let slots = Arc::new(Semaphore::new(self.config.max_sessions));
         let config = Arc::new(self.config);
         let live = Live::default();
+        let resumables = Resumables::new();
         let mut tasks = tokio::task::JoinSet::new();
         for (listener, url) in self.listeners {
             let use_tls = config.uses_tls(&url.transport);
@@ -288,6 +291,7 @@ impl Server {
                 config.clone(),
                 slots.clone(),
                 live.clone(),
+                resumables.clone(),
             ));
         }
         tokio::select! {
@@ -310,7 +314,20 @@ impl Server {
     /// peer, so keys and tokens are not asked for.
     pub async fn serve_stdio(config: ServerConfig) -> Result<String, String> {
         let carrier = longhaul_carrier::stdio();
-        serve_carrier(carrier, None, "stdio".into(), Arc::new(config), true, None).await
+        // A pipe cannot be dialled again: no resume.
+        let mut config = config;
+        config.session.resume = false;
+        let resumables = Resumables::new();
+        serve_carrier(
+            carrier,
+            None,
+            "stdio".into(),
+            Arc::new(config),
+            true,
+            None,
+            &resumables,
+        )
+        .await
     }
 }
 
@@ -351,6 +368,7 @@ async fn accept_loop(
     config: Arc<ServerConfig>,
     slots: Arc<Semaphore>,
     live: Live,
+    resumables: Arc<Resumables>,
 ) {
     loop {
         let (sock, from) = accept_with_backoff(&listener, &url.to_string()).await;
@@ -362,6 +380,7 @@ async fn accept_loop(
         let tls = tls.clone();
         let transport = url.transport.clone();
         let live = live.clone();
+        let resumables = resumables.clone();
         tokio::spawn(async move {
             let _permit = permit;
             if let Some(cc) = &config.congestion {
@@ -382,7 +401,16 @@ async fn accept_loop(
                     return tracing::warn!(%from, "refused carrier: handshake not finished within {limit:?}")
                 }
             };
-            match serve_carrier(carrier, key, from.to_string(), config, false, Some(&live)).await {
+            let served = serve_carrier(
+                carrier,
+                key,
+                from.to_string(),
+                config,
+                false,
+                Some(&live),
+                &resumables,
+            );
+            match served.await {
                 Ok(why) => tracing::info!(%from, "session ended: {why}"),
                 Err(e) => tracing::warn!(%from, "{e}"),
             }
@@ -398,6 +426,7 @@ async fn serve_carrier(
     config: Arc<ServerConfig>,
     trusted: bool,
     live: Option<&Live>,
+    resumables: &Arc<Resumables>,
 ) -> Result<String, String> {
     // Native clients send the preamble (even over a trusted pipe); JMUX
     // peers have none and can only authenticate by key.
@@ -424,16 +453,35 @@ async fn serve_carrier(
             .map_err(|e| format!("refused carrier: not authenticated: {e}"))?
     };
     let acceptor = Arc::new(ServerAcceptor::new(&config, &who, from.clone()));
-    match Session::start(carrier, config.session.clone(), acceptor).await {
-        Ok(h) => {
-            tracing::info!(%from, who = %who.who(), "session started");
+    // A resume must come from the same identity as the session's start:
+    // the same authorized key, or for token and --insecure carriers the
+    // same TLS client key (or none).
+    let identity = match (&who, key) {
+        (Authenticated::Key(fp, _), _) => format!("key {fp}"),
+        (_, Some(fp)) => format!("{} with key {fp}", who.who()),
+        (_, None) => who.who(),
+    };
+    let served = Session::serve(
+        carrier,
+        config.session.clone(),
+        acceptor,
+        resumables,
+        identity,
+    )
+    .await;
+    match served {
+        Ok(Served::New(h)) => {
+            tracing::info!(%from, who = %who.who(), resumable = h.is_resumable(), "session started");
             let id = live.map(|l| l.add(h.clone()));
+            // A detached session keeps this task, and so its slot under
+            // --max-sessions, until it ends.
             let why = h.closed().await;
             if let (Some(l), Some(id)) = (live, id) {
                 l.remove(id);
             }
             Ok(why)
         }
+        Ok(Served::Resumed(_)) => Ok("carrier handed to the session it resumed".into()),
         Err(e) => Err(format!("session refused: {e}")),
     }
 }

@@ -123,9 +123,9 @@ async fn data_messages_fit_a_jmux_peers_maximum_and_its_quirks_are_survived() {
     let app2 = TcpStream::connect(client.local_addrs[0]).await.unwrap();
     let theirs2 = peer.accept_open(77).await;
     assert!(
-        !client.session.is_closed(),
+        !client.session().is_closed(),
         "{:?}",
-        client.session.close_reason()
+        client.session().close_reason()
     );
     let (mut r2, mut w2) = app2.into_split();
     w2.write_all(b"still here").await.unwrap();

@@ -473,6 +473,8 @@ async fn idle_sessions_are_closed_after_the_idle_timeout() {
     .await;
     let mut c = client_to(format!("tls://{}", srv.addr), srv.key, &[echo]);
     c.token = Some("tok".into());
+    // Without reconnects, the end of the session is the end of the client.
+    c.reconnect = false;
     let client = Client::start(c).await.unwrap();
     // Busy: a stream open longer than the timeout keeps the session.
     let mut s = TcpStream::connect(client.local_addrs[0]).await.unwrap();

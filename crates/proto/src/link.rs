@@ -22,6 +22,12 @@ use crate::outframe::OutFrame;
 
 /// Default bound of the replay buffer when the path's buffers are unknown.
 pub const DEFAULT_REPLAY_LIMIT: usize = 32 << 20;
+/// How far an ACK may run ahead of what the replay buffer has recorded:
+/// the writer records what a write took right after the write returns, and
+/// on another thread the reader may see the peer's ACK for it first. Such
+/// an ACK is held until the record catches up; one further ahead than any
+/// single write can be is a lie.
+pub const ACK_SLACK: u64 = 4 << 20;
 /// Smallest replay bound a peer may announce (so it acknowledges often
 /// enough without flooding ACKs).
 pub const MIN_REPLAY_LIMIT: usize = 256 << 10;
@@ -52,6 +58,9 @@ pub struct Replay {
     sent: u64,
     /// Highest acknowledgement from the peer.
     acked: u64,
+    /// An acknowledgement ahead of `sent` (within [`ACK_SLACK`]), applied
+    /// once the writer has recorded that far.
+    early: u64,
     /// Bytes held in `frames` (header and payload).
     held: usize,
     limit: usize,
@@ -65,6 +74,7 @@ impl Replay {
             start: 0,
             sent: 0,
             acked: 0,
+            early: 0,
             held: 0,
             limit,
         }
@@ -106,16 +116,26 @@ impl Replay {
         self.sent += n as u64;
         self.held += n;
         self.frames.push_back(copy);
+        if self.early > self.acked && self.early <= self.sent {
+            let early = std::mem::take(&mut self.early);
+            // Checked when it arrived: ahead of `acked`, now within `sent`.
+            let _ = self.ack(early);
+        }
     }
 
     /// The peer has every byte below `acked`: frames wholly below it are let
     /// go. Returns whether room was freed.
     pub fn ack(&mut self, acked: u64) -> Result<bool, LinkError> {
-        if acked > self.sent {
+        if acked > self.sent + ACK_SLACK {
             return Err(LinkError::AckBeyondSent {
                 acked,
                 sent: self.sent,
             });
+        }
+        if acked > self.sent {
+            // Written but not yet recorded (see ACK_SLACK).
+            self.early = self.early.max(acked);
+            return Ok(false);
         }
         if acked < self.acked {
             return Err(LinkError::AckBackwards {
@@ -256,7 +276,7 @@ mod tests {
         assert_eq!(r.held(), 516);
         assert!(matches!(r.ack(100), Err(LinkError::AckBackwards { .. })));
         assert!(matches!(
-            r.ack(10_000),
+            r.ack(10_000_000),
             Err(LinkError::AckBeyondSent { .. })
         ));
         // Resume: the peer got the first two frames.
@@ -279,6 +299,18 @@ mod tests {
             r.rewind(625),
             Err(LinkError::ResumeBeyondSent { .. })
         ));
+    }
+
+    #[test]
+    fn an_ack_for_bytes_written_but_not_yet_recorded_waits_for_the_record() {
+        let mut r = Replay::new(1 << 20);
+        r.record(&frame(100));
+        // The peer acknowledges the next frame before it is recorded.
+        assert!(!r.ack(108 + 58).unwrap());
+        assert_eq!(r.acked(), 0);
+        r.record(&frame(50));
+        assert_eq!(r.acked(), 166);
+        assert_eq!(r.held(), 0);
     }
 
     #[test]

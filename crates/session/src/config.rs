@@ -43,10 +43,22 @@ pub struct SessionConfig {
     /// Bytes of control messages waiting for the carrier before the peer is
     /// judged to be flooding us without reading. Default 4 MiB.
     pub control_limit: usize,
-    /// PING interval in native mode. Default 10 s.
+    /// PING interval in native mode. Default 5 s.
     pub keepalive: Duration,
-    /// Nothing heard for this long: the peer is dead. Default 45 s.
+    /// Nothing heard for this long: the carrier is dead (resumable
+    /// sessions move to a new one), or the peer (others). Default 15 s.
     pub dead_after: Duration,
+    /// Offer the link layer that lets the session survive a dropped
+    /// carrier (native mode; both sides must offer it). Off for pipes that
+    /// cannot be dialled again (`--stdio`, `cmd://`).
+    pub resume: bool,
+    /// Bytes sent and not yet acknowledged that the link layer keeps for a
+    /// replay; the writer waits when it is full. 0: sized to this machine's
+    /// TCP buffers ([`crate::auto_replay_limit`]).
+    pub replay_limit: usize,
+    /// How long a server keeps a session whose carrier dropped, waiting for
+    /// the client to resume it. Default 60 s.
+    pub resume_timeout: Duration,
     /// Time allowed for the hello. Default 10 s.
     pub handshake_timeout: Duration,
     /// Time allowed for an OPEN to be answered. Default 30 s.
@@ -71,8 +83,11 @@ impl Default for SessionConfig {
             max_frame: u16::MAX,
             send_queue: 512 * 1024,
             control_limit: 4 * 1024 * 1024,
-            keepalive: Duration::from_secs(10),
-            dead_after: Duration::from_secs(45),
+            keepalive: Duration::from_secs(5),
+            dead_after: Duration::from_secs(15),
+            resume: true,
+            replay_limit: 0,
+            resume_timeout: Duration::from_secs(60),
             handshake_timeout: Duration::from_secs(10),
             open_timeout: Duration::from_secs(30),
             idle_timeout: None,
@@ -117,6 +132,14 @@ pub enum SessionError {
     Hello(#[from] handshake::HelloError),
     #[error("peer did not complete the hello within {0:?}")]
     HelloTimeout(Duration),
+    #[error("{0}")]
+    Attach(#[from] longhaul_proto::resume::ResumeError),
+    #[error("resume refused: {}", .0.as_str())]
+    ResumeRefused(longhaul_proto::resume::Refusal),
+    #[error("peer does not offer session resume")]
+    NoResume,
+    #[error("the session is over: {0}")]
+    Closed(String),
 }
 
 /// What a session does when the peer opens a stream or asks for a reverse
@@ -152,4 +175,10 @@ pub struct SessionStats {
     pub rtt: Duration,
     pub bytes_sent: u64,
     pub bytes_received: u64,
+    /// Carrier drops the session survived.
+    pub resumes: u64,
+    /// Bytes sent again after those drops.
+    pub replayed: u64,
+    /// Bytes held in the replay buffer now.
+    pub replay_held: usize,
 }

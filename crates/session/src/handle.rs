@@ -6,15 +6,16 @@ use std::time::Duration;
 use longhaul_carrier::Carrier;
 use longhaul_proto::frame::{self, DecodeLimits, MAX_DATA_PAYLOAD};
 use longhaul_proto::handshake::{self, Hello, HELLO_LEN};
+use longhaul_proto::link::MIN_REPLAY_LIMIT;
 use longhaul_proto::mux::{Mux, MuxConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::config::{Acceptor, Mode, OpenRefused, SessionConfig, SessionError, SessionStats};
 use crate::housekeeping::housekeeping;
-use crate::reader::carrier_reader;
+use crate::link::{LinkState, Role};
+use crate::resume::{Resumables, Served};
 use crate::runtime::{SessionHandle, Shared};
-use crate::writer::carrier_writer;
 
 /// How long a closing session's writer may still take to write what it
 /// has (a peer that stopped reading) before it is cancelled and the carrier
@@ -68,82 +69,165 @@ impl Drop for PendingOpen<'_> {
 
 pub struct Session;
 
+/// What the hello settled.
+pub(crate) struct Negotiated {
+    pub extensions: bool,
+    pub frame_limit: u16,
+    /// Both sides offered the link layer.
+    pub resume: bool,
+}
+
+/// Runs the native hello (nothing in JMUX mode).
+pub(crate) async fn hello(
+    carrier: &mut Carrier,
+    config: &SessionConfig,
+) -> Result<Negotiated, SessionError> {
+    if config.mode == Mode::Jmux {
+        return Ok(Negotiated {
+            extensions: false,
+            frame_limit: u16::MAX,
+            resume: false,
+        });
+    }
+    let mut ours = Hello::ours(config.max_frame);
+    if config.resume {
+        ours.features |= handshake::FEATURE_RESUME;
+    }
+    let hello = async {
+        carrier.writer.write_all(&ours.encode()).await?;
+        carrier.writer.flush().await?;
+        let mut b = [0u8; HELLO_LEN];
+        carrier.reader.read_exact(&mut b).await?;
+        Ok::<_, SessionError>(Hello::decode(&b)?)
+    };
+    let peer = tokio::time::timeout(config.handshake_timeout, hello)
+        .await
+        .map_err(|_| SessionError::HelloTimeout(config.handshake_timeout))??;
+    let n = ours.negotiate(&peer);
+    Ok(Negotiated {
+        extensions: n.features & handshake::FEATURE_PING != 0,
+        frame_limit: n.max_frame,
+        resume: n.features & handshake::FEATURE_RESUME != 0,
+    })
+}
+
+/// The frame limits a session's readers decode with.
+pub(crate) fn decode_limits(config: &SessionConfig, n: &Negotiated) -> DecodeLimits {
+    DecodeLimits {
+        max_frame: config.max_frame as usize,
+        extensions: n.extensions,
+    }
+}
+
+/// The replay bound this side uses.
+pub(crate) fn replay_limit(config: &SessionConfig) -> usize {
+    let limit = match config.replay_limit {
+        0 => crate::link::auto_replay_limit(),
+        n => n,
+    };
+    // The attach messages carry it in 32 bits.
+    limit.clamp(MIN_REPLAY_LIMIT, u32::MAX as usize)
+}
+
 impl Session {
-    /// Runs the hello (native mode) and starts the session's tasks.
+    /// Client side: runs the hello (native mode) and, when both sides
+    /// offer resume, asks the server for a new resumable session; then
+    /// starts the session's tasks.
     pub async fn start(
         mut carrier: Carrier,
         config: SessionConfig,
         acceptor: Arc<dyn Acceptor>,
     ) -> Result<SessionHandle, SessionError> {
-        let (ext, frame_limit) = match config.mode {
-            Mode::Jmux => (false, u16::MAX),
-            Mode::Native => {
-                let ours = Hello::ours(config.max_frame);
-                let hello = async {
-                    carrier.writer.write_all(&ours.encode()).await?;
-                    carrier.writer.flush().await?;
-                    let mut b = [0u8; HELLO_LEN];
-                    carrier.reader.read_exact(&mut b).await?;
-                    Ok::<_, SessionError>(Hello::decode(&b)?)
-                };
-                let peer = tokio::time::timeout(config.handshake_timeout, hello)
-                    .await
-                    .map_err(|_| SessionError::HelloTimeout(config.handshake_timeout))??;
-                let n = ours.negotiate(&peer);
-                (n.features & handshake::FEATURE_PING != 0, n.max_frame)
-            }
+        let n = hello(&mut carrier, &config).await?;
+        let link = if n.resume {
+            Some(crate::resume::open_new(&mut carrier, &config).await?)
+        } else {
+            None
         };
-        let mux = Mux::new(MuxConfig {
-            window: config.window,
-            budget: config.budget,
-            max_streams: config.max_streams,
-            send_queue: config.send_queue,
-            control_limit: config.control_limit,
-            keepalive: config.keepalive,
-            dead_after: config.dead_after,
-            open_timeout: config.open_timeout,
-            idle_timeout: config.idle_timeout,
-            rtt_floor: config.rtt_floor,
-            jmux: config.mode == Mode::Jmux,
-            extensions: ext,
-            our_max_packet: (config.max_frame as usize)
-                .saturating_sub(frame::DATA_HEADER_LEN)
-                .clamp(1, MAX_DATA_PAYLOAD) as u16,
-            send_max_payload: (frame_limit as usize)
-                .saturating_sub(frame::DATA_HEADER_LEN)
-                .clamp(1, MAX_DATA_PAYLOAD),
-        });
-        let limits = DecodeLimits {
-            max_frame: config.max_frame as usize,
-            extensions: ext,
+        Ok(build(carrier, config, acceptor, &n, Role::Client, link))
+    }
+
+    /// Server side: runs the hello and, with resume, the attach exchange: a
+    /// new session, or `carrier` given to the detached session it resumes.
+    /// `identity` names who authenticated the carrier; a session is only
+    /// resumed by the same identity.
+    pub async fn serve(
+        mut carrier: Carrier,
+        config: SessionConfig,
+        acceptor: Arc<dyn Acceptor>,
+        resumables: &Arc<Resumables>,
+        identity: String,
+    ) -> Result<Served, SessionError> {
+        let n = hello(&mut carrier, &config).await?;
+        if !n.resume {
+            let h = build(carrier, config, acceptor, &n, Role::Server, None);
+            return Ok(Served::New(h));
+        }
+        crate::resume::serve_attach(carrier, config, acceptor, resumables, identity, &n).await
+    }
+}
+
+/// Starts the tasks of a session on its first carrier.
+pub(crate) fn build(
+    carrier: Carrier,
+    config: SessionConfig,
+    acceptor: Arc<dyn Acceptor>,
+    n: &Negotiated,
+    role: Role,
+    link: Option<LinkState>,
+) -> SessionHandle {
+    let mux = Mux::new(MuxConfig {
+        window: config.window,
+        budget: config.budget,
+        max_streams: config.max_streams,
+        send_queue: config.send_queue,
+        control_limit: config.control_limit,
+        keepalive: config.keepalive,
+        dead_after: config.dead_after,
+        open_timeout: config.open_timeout,
+        idle_timeout: config.idle_timeout,
+        rtt_floor: config.rtt_floor,
+        jmux: config.mode == Mode::Jmux,
+        extensions: n.extensions,
+        our_max_packet: (config.max_frame as usize)
+            .saturating_sub(frame::DATA_HEADER_LEN)
+            .clamp(1, MAX_DATA_PAYLOAD) as u16,
+        send_max_payload: (n.frame_limit as usize)
+            .saturating_sub(frame::DATA_HEADER_LEN)
+            .clamp(1, MAX_DATA_PAYLOAD),
+        resumable: link.is_some(),
+    });
+    let limits = decode_limits(&config, n);
+    let peer = carrier.peer.clone();
+    let shared = Arc::new(Shared::new(mux, config, acceptor, peer, role, link));
+    shared.spawn_carrier(carrier, limits, Vec::new());
+    let house = tokio::spawn(housekeeping(shared.clone()));
+    // When the session closes, stop the tasks that might be parked.
+    let mut closed = shared.closed_tx.subscribe();
+    let finished = shared.finished_tx.clone();
+    let sh = shared.clone();
+    tokio::spawn(async move {
+        let _ = closed.wait_for(|c| c.is_some()).await;
+        house.abort();
+        let (reader, writer) = {
+            let mut slot = sh.slot();
+            (slot.reader.take(), slot.writer.take())
         };
-        let shared = Arc::new(Shared::new(mux, config, acceptor, carrier.peer.clone()));
-        let reader = tokio::spawn(carrier_reader(shared.clone(), carrier.reader, limits));
-        let writer = tokio::spawn(carrier_writer(
-            shared.clone(),
-            carrier.writer,
-            carrier.urgent,
-            carrier.urgent_flag,
-        ));
-        let house = tokio::spawn(housekeeping(shared.clone(), carrier.probe));
-        // When the session closes, stop the tasks that might be parked.
-        let mut closed = shared.closed_tx.subscribe();
-        let finished = shared.finished_tx.clone();
-        tokio::spawn(async move {
-            let _ = closed.wait_for(|c| c.is_some()).await;
-            reader.abort();
-            house.abort();
-            // The writer sees the session dead and exits on its own after
-            // waking, unless it is stuck writing to a peer that stopped
-            // reading: then it is cancelled, which drops the carrier.
-            let abort = writer.abort_handle();
-            if tokio::time::timeout(WRITER_GRACE, writer).await.is_err() {
+        if let Some(r) = reader {
+            r.abort();
+        }
+        // The writer sees the session dead and exits on its own after
+        // waking, unless it is stuck writing to a peer that stopped
+        // reading: then it is cancelled, which drops the carrier.
+        if let Some(w) = writer {
+            let abort = w.abort_handle();
+            if tokio::time::timeout(WRITER_GRACE, w).await.is_err() {
                 abort.abort();
             }
-            finished.send_replace(true);
-        });
-        Ok(SessionHandle { shared })
-    }
+        }
+        finished.send_replace(true);
+    });
+    SessionHandle { shared }
 }
 
 impl SessionHandle {
@@ -238,6 +322,38 @@ impl SessionHandle {
             rtt: Duration::from_nanos(s.rtt_ns),
             bytes_sent: s.bytes_sent,
             bytes_received: s.bytes_received,
+            resumes: self.shared.link().map_or(0, |l| l.resumes),
+            replayed: self.shared.link().map_or(0, |l| l.replayed),
+            replay_held: self.shared.link().map_or(0, |l| l.replay.held()),
         }
+    }
+
+    /// Whether the session can outlive its carrier (both sides offered
+    /// resume).
+    pub fn is_resumable(&self) -> bool {
+        self.shared.link.is_some()
+    }
+
+    /// Whether the session has no carrier now (waiting for a resume).
+    pub fn is_detached(&self) -> bool {
+        *self.shared.detached_tx.borrow()
+    }
+
+    /// Waits until the session loses its carrier (`true`) or ends
+    /// (`false`).
+    pub async fn detached(&self) -> bool {
+        let mut rx = self.shared.detached_tx.subscribe();
+        tokio::select! {
+            r = rx.wait_for(|d| *d) => r.is_ok(),
+            _ = self.closed() => false,
+        }
+    }
+
+    /// Client side: attaches a freshly dialled carrier (authenticated, the
+    /// preamble sent) to this session and replays what the server missed.
+    /// Returns the bytes sent again. A refusal leaves the session detached;
+    /// the caller decides whether to close it.
+    pub async fn resume(&self, carrier: Carrier) -> Result<u64, SessionError> {
+        crate::resume::resume_client(&self.shared, carrier).await
     }
 }

@@ -5,20 +5,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use longhaul_carrier::PathProbe;
-
 use crate::runtime::Shared;
 
 /// How often the path is sampled (RTT for window growth, the kernel's send
 /// queue resized to the delivery rate).
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 
-pub(crate) async fn housekeeping(shared: Arc<Shared>, probe: Option<Box<dyn PathProbe>>) {
+pub(crate) async fn housekeeping(shared: Arc<Shared>) {
     let mut next_probe = 0u64;
     loop {
         let now = shared.now_ns();
         if now >= next_probe {
             next_probe = now + PROBE_EVERY.as_nanos() as u64;
+            // The probe of the carrier attached now, if any.
+            let probe = shared.slot().probe.clone();
             if let Some(p) = &probe {
                 if let Some(r) = p.rtt() {
                     shared.with(|m, _| m.set_path_rtt(r));
@@ -32,6 +32,10 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>, probe: Option<Box<dyn Path
         });
         if dead {
             return;
+        }
+        if let Some(silent) = shared.take_silent() {
+            let gen = shared.slot().gen;
+            shared.carrier_failed(gen, format!("nothing heard from the peer for {silent:?}"));
         }
         let wake = next.map_or(next_probe, |t| t.min(next_probe));
         let wait = Duration::from_nanos(wake.saturating_sub(shared.now_ns()));

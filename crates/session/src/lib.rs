@@ -15,6 +15,10 @@
 //! * per stream ([`stream`]), an **uplink** (local socket → frames, limited
 //!   by the peer's credit) and a **downlink** (inbound queue → local socket,
 //!   returning credit only once bytes are written);
+//! * the **link layer** ([`link`], [`resume`]): with resume negotiated,
+//!   every frame written is kept until the peer acknowledges it, so that
+//!   when the carrier drops the session is detached rather than closed,
+//!   and resumes on a new carrier with nothing lost or repeated;
 //! * a **housekeeping** tick (not on the data path): keepalive PINGs, RTT
 //!   sampling, dead-peer and idle detection.
 //!
@@ -29,8 +33,10 @@ pub mod fuzzing;
 mod handle;
 mod housekeeping;
 mod inbound;
+mod link;
 mod reader;
 mod requests;
+mod resume;
 mod runtime;
 mod stream;
 mod writer;
@@ -39,4 +45,6 @@ pub use config::{
     Acceptor, BoxFuture, Mode, OpenRefused, SessionConfig, SessionError, SessionStats,
 };
 pub use handle::{Opened, Session};
+pub use link::{auto_replay_limit, Role};
+pub use resume::{Resumables, Served};
 pub use runtime::SessionHandle;

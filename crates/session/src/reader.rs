@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use longhaul_carrier::BoxRead;
-use longhaul_proto::frame::{self, DecodeLimits};
+use longhaul_proto::frame::{self, DecodeLimits, Frame};
 use tokio::io::AsyncReadExt;
 
 use crate::requests::{connect_for_peer, serve_bind};
@@ -60,15 +60,36 @@ fn fresh_buffer(carry: &[u8]) -> (BytesMut, Bytes) {
     (b, sentinel)
 }
 
-pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, limits: DecodeLimits) {
+pub(crate) async fn carrier_reader(
+    shared: Arc<Shared>,
+    mut r: BoxRead,
+    limits: DecodeLimits,
+    gen: u64,
+) {
     let (mut buf, mut sentinel) = fresh_buffer(&[]);
     let mut pins = Pins::default();
+    let link = shared.link.is_some();
     loop {
         let may_slice = pins.may_slice();
+        // Link layer: bytes of whole frames handed to the core, and the
+        // peer's latest ACK, applied once per read (no await in between, so
+        // a carrier drop cannot separate a frame from its count).
+        let mut got = 0usize;
+        let mut acked = None;
+        let mut ended = false;
         loop {
+            let before = buf.len();
             match frame::decode(&mut buf, limits) {
+                Ok(Some(Frame::Ack { received })) if link => acked = Some(received),
+                Ok(Some(Frame::Goodbye)) if link => {
+                    tracing::info!(peer = %shared.peer, "peer ended the session");
+                    shared.close("peer ended the session".into());
+                    ended = true;
+                    break;
+                }
                 Ok(Some(f)) => {
-                    let (ended, work) = shared.handle_frame(f, may_slice);
+                    got += before - buf.len();
+                    let (end, work) = shared.handle_frame(f, may_slice);
                     for w in work {
                         match w {
                             Work::Connect(open, dest) => connect_for_peer(&shared, open, dest),
@@ -77,8 +98,9 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, limits: 
                             }
                         }
                     }
-                    if ended {
-                        return;
+                    if end {
+                        ended = true;
+                        break;
                     }
                 }
                 Ok(None) => break,
@@ -90,6 +112,12 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, limits: 
                 }
             }
         }
+        if link && !account(&shared, got, acked) {
+            return;
+        }
+        if ended {
+            return;
+        }
         if buf.capacity() - buf.len() < frame::MAX_FRAME_LEN {
             // Start a fresh buffer holding only the unfinished frame at the
             // tail (< 64 KiB); growing the old one would copy the frames
@@ -100,18 +128,42 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, limits: 
         }
         match r.read_buf(&mut buf).await {
             Ok(0) => {
-                tracing::info!(peer = %shared.peer, "carrier closed by peer");
-                shared.close("carrier closed by peer".into());
-                return;
+                return shared.carrier_failed(gen, "carrier closed by peer".into());
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::info!(peer = %shared.peer, "carrier read failed: {e}");
-                shared.close(format!("carrier read failed: {e}"));
-                return;
+                return shared.carrier_failed(gen, format!("carrier read failed: {e}"));
             }
         }
     }
+}
+
+/// Counts what arrived and applies the peer's ACK; wakes the writer when an
+/// ACK freed replay room or one of ours is due. `false`: the ACK was
+/// impossible and the session is closed.
+fn account(shared: &Arc<Shared>, got: usize, acked: Option<u64>) -> bool {
+    let wake = {
+        let Some(mut l) = shared.link() else {
+            return true;
+        };
+        l.rx.on_frame(got);
+        let freed = match acked.map(|a| l.replay.ack(a)) {
+            Some(Err(e)) => {
+                drop(l);
+                let why = format!("bad acknowledgement from peer: {e}");
+                tracing::warn!(peer = %shared.peer, "closing session: {why}");
+                shared.close(why);
+                return false;
+            }
+            Some(Ok(freed)) => freed,
+            None => false,
+        };
+        freed || l.rx.ack_due()
+    };
+    if wake {
+        shared.wake_writer.notify_one();
+    }
+    true
 }
 
 #[cfg(test)]

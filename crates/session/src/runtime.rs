@@ -15,6 +15,7 @@ use tokio::task::AbortHandle;
 
 use crate::config::{Acceptor, OpenRefused, SessionConfig};
 use crate::inbound::InQueue;
+use crate::link::{CarrierSlot, LinkState, Role};
 
 /// What a stream's pumps share with the rest of the session without taking
 /// the session lock: their wake-ups and the inbound queue.
@@ -34,11 +35,24 @@ pub(crate) struct Inbox {
     pub closed: bool,
     /// The local socket is full: queue copies, not slices of carrier buffers.
     pub blocked: bool,
+    /// The session died under the stream: reset the local connection, so
+    /// the application sees a failure, not a clean end of data.
+    pub reset: bool,
 }
 
 impl StreamIo {
     pub fn inbox(&self) -> MutexGuard<'_, Inbox> {
         self.inbox.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The session died: drop what is queued and reset the local socket.
+    pub fn reset_inbox(&self) {
+        let mut ib = self.inbox();
+        ib.closed = true;
+        ib.reset = true;
+        ib.q = InQueue::default();
+        drop(ib);
+        self.down.notify_one();
     }
 
     /// No more inbound data: the downlink writes what it has and ends.
@@ -91,10 +105,22 @@ pub(crate) struct State {
     work: Vec<Work>,
     /// `teardown` has run: waiters told, tasks stopping.
     torn_down: bool,
+    /// The core found the carrier silent (resumable session): the
+    /// housekeeping task drops it.
+    silent: Option<std::time::Duration>,
 }
 
 pub(crate) struct Shared {
     pub st: Mutex<State>,
+    /// The link layer, when both sides offered resume.
+    pub link: Option<Mutex<LinkState>>,
+    /// The current carrier's tasks.
+    pub carrier: Mutex<CarrierSlot>,
+    pub role: Role,
+    /// `true` while the session has no carrier (waiting for a resume).
+    pub detached_tx: watch::Sender<bool>,
+    /// One attach (resume) at a time.
+    pub attach_lock: tokio::sync::Mutex<()>,
     pub wake_writer: Notify,
     pub closed_tx: watch::Sender<Option<String>>,
     /// Set once the carrier writer has ended (the carrier is shut down).
@@ -118,8 +144,15 @@ impl Shared {
         config: SessionConfig,
         acceptor: Arc<dyn Acceptor>,
         peer: String,
+        role: Role,
+        link: Option<LinkState>,
     ) -> Shared {
         Shared {
+            link: link.map(Mutex::new),
+            carrier: Mutex::new(CarrierSlot::default()),
+            role,
+            detached_tx: watch::channel(false).0,
+            attach_lock: tokio::sync::Mutex::new(()),
             st: Mutex::new(State {
                 mux,
                 streams: HashMap::new(),
@@ -128,6 +161,7 @@ impl Shared {
                 may_slice: true,
                 work: Vec::new(),
                 torn_down: false,
+                silent: None,
             }),
             wake_writer: Notify::new(),
             closed_tx: watch::channel(None).0,
@@ -143,6 +177,11 @@ impl Shared {
         // A poisoned lock means a task panicked mid-update; the state may be
         // inconsistent, but closing cleanly still needs it.
         self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The session is over.
+    pub fn is_dead(&self) -> bool {
+        self.lock().mux.dead().is_some()
     }
 
     pub fn now_ns(&self) -> u64 {
@@ -232,7 +271,11 @@ impl Shared {
                         a.abort();
                     }
                     s.io.up.notify_one();
-                    s.io.close_inbox(discard);
+                    if st.mux.dead().is_some() {
+                        s.io.reset_inbox();
+                    } else {
+                        s.io.close_inbox(discard);
+                    }
                 }
             }
             Event::Writable { id } => {
@@ -263,6 +306,7 @@ impl Shared {
                     let _ = tx.send(result.map_err(refused));
                 }
             }
+            Event::CarrierSilent { silent } => st.silent = Some(silent),
         }
     }
 
@@ -340,6 +384,11 @@ impl Shared {
         });
         self.dispatch(&mut st);
         r
+    }
+
+    /// The carrier was found silent since the last call: for how long.
+    pub fn take_silent(&self) -> Option<std::time::Duration> {
+        self.lock().silent.take()
     }
 
     /// The inbound queue and wake-ups of stream `id`, if it is still there.

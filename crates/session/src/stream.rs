@@ -116,11 +116,20 @@ pub(crate) async fn downlink(
 ) {
     let mut pending: Vec<Part> = Vec::new();
     loop {
-        let (eof, closed) = {
+        let (eof, closed, reset) = {
             let mut ib = io.inbox();
             ib.q.take(&mut pending, MAX_WRITE_IOV);
-            (ib.q.eof && ib.q.is_empty(), ib.closed && ib.q.is_empty())
+            (
+                ib.q.eof && ib.q.is_empty(),
+                ib.closed && ib.q.is_empty(),
+                ib.reset,
+            )
         };
+        if reset {
+            // Closing with SO_LINGER 0 sends a reset.
+            let _ = socket2::SockRef::from(wr.as_ref()).set_linger(Some(std::time::Duration::ZERO));
+            return;
+        }
         if pending.is_empty() && !eof {
             if closed {
                 return;

@@ -6,9 +6,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use longhaul_carrier::{BoxWrite, UrgentFlag, UrgentSend};
-use tokio::io::AsyncWriteExt;
-
+use longhaul_proto::frame::Frame;
+use longhaul_proto::link::Replay;
 use longhaul_proto::outframe::OutFrame;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::Notify;
 
 use crate::runtime::Shared;
 
@@ -21,23 +23,99 @@ const BACKLOG_BATCH_BYTES: usize = 64 * 1024;
 /// Largest number of buffers in one vectored write (well under IOV_MAX).
 const MAX_IOV: usize = 64;
 
+/// How a writer's run ended.
+enum End {
+    /// The session is over (the carrier is shut down).
+    Closed,
+    /// The carrier failed: detach (or close) the session.
+    Failed(String),
+}
+
 pub(crate) async fn carrier_writer(
     shared: Arc<Shared>,
     mut w: BoxWrite,
     urgent: Option<Box<dyn UrgentSend>>,
     flag: Option<UrgentFlag>,
+    gen: u64,
+    stop: Arc<Notify>,
+    resend: Vec<OutFrame>,
 ) {
     let urgent = Urgency { send: urgent, flag };
     let mut batch: VecDeque<OutFrame> = VecDeque::with_capacity(MAX_IOV);
+    let end = tokio::select! {
+        biased;
+        _ = stop.notified() => None,
+        end = write_loop(&shared, &mut w, &urgent, &mut batch, resend) => Some(end),
+    };
+    match end {
+        Some(End::Closed) => {
+            let _ = w.shutdown().await;
+        }
+        Some(End::Failed(why)) => {
+            save_leftover(&shared, batch);
+            shared.carrier_failed(gen, why);
+        }
+        // Stopped: the carrier is being replaced or the session closed.
+        None => save_leftover(&shared, batch),
+    }
+}
+
+/// Keeps what the writer took from the multiplexer and had not started,
+/// for the next carrier. A started frame is in the replay buffer already;
+/// ACKs are made afresh.
+fn save_leftover(shared: &Shared, mut batch: VecDeque<OutFrame>) {
+    let Some(mut l) = shared.link() else {
+        return;
+    };
+    if batch.front().is_some_and(|f| f.started) {
+        batch.pop_front();
+    }
+    batch.retain(|f| !f.is_link());
+    // Anything saved by an earlier generation and not yet taken goes first.
+    l.leftover.extend(batch);
+}
+
+/// Writes `frames` whole (already recorded in the replay buffer).
+async fn write_frames(w: &mut BoxWrite, frames: Vec<OutFrame>) -> io::Result<()> {
+    let mut frames: VecDeque<OutFrame> = frames.into();
+    while !frames.is_empty() {
+        let n = w.write_vectored(&iovecs(&frames, usize::MAX)).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        advance(&mut frames, n, None);
+    }
+    Ok(())
+}
+
+async fn write_loop(
+    shared: &Arc<Shared>,
+    w: &mut BoxWrite,
+    urgent: &Urgency,
+    batch: &mut VecDeque<OutFrame>,
+    resend: Vec<OutFrame>,
+) -> End {
+    let failed = |e: io::Error| End::Failed(format!("carrier write failed: {e}"));
+    if let Err(e) = write_frames(w, resend).await {
+        return failed(e);
+    }
+    if let Some(mut l) = shared.link() {
+        batch.extend(l.leftover.drain(..));
+    }
     let mut backed_up = false;
     let mut drained = true;
     let mut dirty = false;
     loop {
-        let limit = if backed_up {
+        let mut limit = if backed_up {
             BACKLOG_BATCH_BYTES
         } else {
             WRITE_BATCH_BYTES
         };
+        if let Some(l) = shared.link() {
+            // The replay buffer full: wait for the peer's ACK as for a
+            // full socket (control frames still go).
+            limit = limit.min(l.replay.room());
+        }
         // Streams waiting for queue room are told (`with` dispatches).
         let (dead, goodbye) = shared.with(|m, _| {
             if m.dead().is_some() {
@@ -50,18 +128,34 @@ pub(crate) async fn carrier_writer(
                 f.store(true, Ordering::Relaxed);
             }
             // Two iovecs per DATA frame (header, payload).
-            m.poll_transmit(&mut batch, limit, MAX_IOV / 2);
+            m.poll_transmit(batch, limit, MAX_IOV / 2);
             drained = !m.has_output();
             let idle = drained && batch.is_empty() && !dirty;
             (false, m.goodbye_done().filter(|_| idle).map(str::to_owned))
         });
         if dead {
-            break;
+            return End::Closed;
         }
         if let Some(why) = goodbye {
-            // Shutting down, and every CLOSE has been written.
+            // Shutting down, and every CLOSE has been written: tell a
+            // resumable peer not to wait for a resume.
+            if shared.link.is_some() {
+                let bye = Frame::Goodbye.to_bytes().expect("an empty frame");
+                let _ = w.write_all(&bye).await;
+                let _ = w.flush().await;
+            }
             shared.close(why);
-            break;
+            return End::Closed;
+        }
+        if let Some(mut l) = shared.link() {
+            // An ACK rides in front of whatever goes out, or goes alone when
+            // the peer's replay buffer needs it.
+            if !batch.front().is_some_and(|f| f.started) && (l.rx.ack_due() || !batch.is_empty()) {
+                if let Some(ack) = l.rx.take_ack() {
+                    batch.retain(|f| !f.is_link());
+                    batch.push_front(OutFrame::encoded(ack.to_bytes().expect("a fixed frame")));
+                }
+            }
         }
         if batch.is_empty() {
             if dirty {
@@ -72,11 +166,7 @@ pub(crate) async fn carrier_writer(
                 tokio::select! {
                     r = w.flush() => match r {
                         Ok(()) => dirty = false,
-                        Err(e) => {
-                            tracing::info!(peer = %shared.peer, "carrier flush failed: {e}");
-                            shared.close(format!("carrier write failed: {e}"));
-                            break;
-                        }
+                        Err(e) => return End::Failed(format!("carrier flush failed: {e}")),
                     },
                     _ = shared.wake_writer.notified() => {}
                 }
@@ -86,7 +176,7 @@ pub(crate) async fn carrier_writer(
             continue;
         }
         dirty = true;
-        let wrote = write_batch(&shared, &mut w, &urgent, &mut batch).await;
+        let wrote = write_batch(shared, w, urgent, batch).await;
         if let Some(f) = &urgent.flag {
             f.store(false, Ordering::Relaxed);
         }
@@ -94,14 +184,13 @@ pub(crate) async fn carrier_writer(
             // Backed up once the carrier takes less than offered; caught up
             // again only when the scheduler has run dry.
             Ok(partial) => backed_up = partial || (backed_up && !drained),
-            Err(e) => {
-                tracing::info!(peer = %shared.peer, "carrier write failed: {e}");
-                shared.close(format!("carrier write failed: {e}"));
-                break;
+            Err(e) if shared.with(|m, _| m.dead().is_some()) => {
+                tracing::debug!(peer = %shared.peer, "writer stopped: {e}");
+                return End::Closed;
             }
+            Err(e) => return failed(e),
         }
     }
-    let _ = w.shutdown().await;
 }
 
 /// How urgent frames get past bulk data in a full carrier.
@@ -126,6 +215,13 @@ enum Step {
 /// direct send is retried. Armed only then: ordinary data never waits on it.
 const URGENT_RETRY: std::time::Duration = std::time::Duration::from_millis(1);
 
+fn record_advance(shared: &Shared, batch: &mut VecDeque<OutFrame>, n: usize) {
+    match shared.link() {
+        Some(mut l) => advance(batch, n, Some(&mut l.replay)),
+        None => advance(batch, n, None),
+    }
+}
+
 fn iovecs(batch: &VecDeque<OutFrame>, upto: usize) -> Vec<IoSlice<'_>> {
     let mut slices = Vec::with_capacity(MAX_IOV);
     for f in batch.iter().take(upto) {
@@ -143,11 +239,17 @@ fn iovecs(batch: &VecDeque<OutFrame>, upto: usize) -> Vec<IoSlice<'_>> {
     slices
 }
 
-fn advance(batch: &mut VecDeque<OutFrame>, mut n: usize) {
+/// Marks `n` bytes of the batch as written. With a link layer (`replay`),
+/// each frame is recorded for a possible replay as it starts going out, so
+/// sequence numbers follow the order on the wire.
+fn advance(batch: &mut VecDeque<OutFrame>, mut n: usize, mut replay: Option<&mut Replay>) {
     while n > 0 {
         let Some(front) = batch.front_mut() else {
             break;
         };
+        if let (Some(r), false) = (replay.as_deref_mut(), front.started) {
+            r.record(front);
+        }
         n = front.advance(n);
         if front.remaining() == 0 {
             batch.pop_front();
@@ -224,7 +326,7 @@ async fn write_batch(
         match step {
             Step::Wrote(0) => return Err(io::ErrorKind::WriteZero.into()),
             Step::Wrote(n) => {
-                advance(batch, n);
+                record_advance(shared, batch, n);
                 stuck = 0;
             }
             Step::Woken | Step::Retry => {
@@ -238,7 +340,7 @@ async fn write_batch(
                     let before = batch.len();
                     let sent = u.try_send(&iovecs(batch, lead));
                     match sent {
-                        Ok(n) => advance(batch, n),
+                        Ok(n) => record_advance(shared, batch, n),
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         Err(e) => return Err(e),
                     }

@@ -1,0 +1,296 @@
+//! The attach exchange on the runtime side: a client asking for a new
+//! resumable session or resuming one, and the server's table of sessions
+//! that may be resumed (see `longhaul_proto::resume` for the messages).
+//!
+//! Security: the exchange runs only after the carrier's own
+//! authentication; a resume must come from the identity that started the
+//! session and prove the session secret with an attempt number never used
+//! before. Refusals are logged, and checked before the live session is
+//! touched.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use longhaul_carrier::Carrier;
+use longhaul_proto::resume::{
+    proof, proof_matches, Attach, Attached, Refusal, Secret, SessionId, ATTACHED_LEN, ATTACH_LEN,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::config::{Acceptor, SessionConfig, SessionError};
+use crate::handle::{build, decode_limits, replay_limit, Negotiated};
+use crate::link::{LinkState, Role};
+use crate::runtime::{SessionHandle, Shared};
+
+/// What [`crate::Session::serve`] did with a carrier.
+pub enum Served {
+    /// A new session on it.
+    New(SessionHandle),
+    /// It now carries an existing session that had lost its carrier.
+    Resumed(SessionHandle),
+}
+
+/// A server's sessions that may be resumed, by id. Entries are weak: a
+/// session that ended is gone from the table at the next lookup or insert.
+/// Bounded by the server's session limit (a detached session keeps its
+/// slot).
+#[derive(Default)]
+pub struct Resumables {
+    map: Mutex<HashMap<SessionId, Weak<Shared>>>,
+}
+
+impl Resumables {
+    pub fn new() -> Arc<Resumables> {
+        Arc::new(Resumables::default())
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Weak<Shared>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn insert(&self, id: SessionId, s: &Arc<Shared>) {
+        let mut m = self.map();
+        m.retain(|_, w| w.upgrade().is_some_and(|s| !s.is_dead()));
+        m.insert(id, Arc::downgrade(s));
+    }
+
+    fn get(&self, id: &SessionId) -> Option<Arc<Shared>> {
+        let s = self.map().get(id)?.upgrade()?;
+        (!s.is_dead()).then_some(s)
+    }
+
+    /// Sessions in the table (live or detached).
+    pub fn len(&self) -> usize {
+        self.map().values().filter(|w| w.strong_count() > 0).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+async fn exchange<T>(
+    config: &SessionConfig,
+    f: impl std::future::Future<Output = Result<T, SessionError>>,
+) -> Result<T, SessionError> {
+    tokio::time::timeout(config.handshake_timeout, f)
+        .await
+        .map_err(|_| SessionError::HelloTimeout(config.handshake_timeout))?
+}
+
+/// Client: asks for a new resumable session.
+pub(crate) async fn open_new(
+    carrier: &mut Carrier,
+    config: &SessionConfig,
+) -> Result<LinkState, SessionError> {
+    let limit = replay_limit(config);
+    let answer = exchange(config, async {
+        let ask = Attach::New {
+            replay_limit: limit as u32,
+        };
+        carrier.writer.write_all(&ask.encode()).await?;
+        carrier.writer.flush().await?;
+        let mut b = [0u8; ATTACHED_LEN];
+        carrier.reader.read_exact(&mut b).await?;
+        Ok(Attached::decode(&b)?)
+    })
+    .await?;
+    match answer {
+        Attached::New {
+            id,
+            secret,
+            replay_limit: peer,
+        } => {
+            tracing::debug!(session = %id, "resumable session opened");
+            Ok(LinkState::new(
+                limit,
+                peer as usize,
+                id,
+                secret,
+                String::new(),
+            ))
+        }
+        Attached::Refused(r) => Err(SessionError::ResumeRefused(r)),
+        Attached::Resumed { .. } => Err(SessionError::Closed(
+            "server answered a new session with a resume".into(),
+        )),
+    }
+}
+
+/// Client: resumes `shared` on a new carrier.
+pub(crate) async fn resume_client(
+    shared: &Arc<Shared>,
+    mut carrier: Carrier,
+) -> Result<u64, SessionError> {
+    if shared.link.is_none() {
+        return Err(SessionError::NoResume);
+    }
+    if let Some(why) = shared.with(|m, _| m.dead().map(str::to_owned)) {
+        return Err(SessionError::Closed(why));
+    }
+    let config = &shared.config;
+    let n = crate::handle::hello(&mut carrier, config).await?;
+    if !n.resume {
+        return Err(SessionError::NoResume);
+    }
+    let _attaching = shared.attach_lock.lock().await;
+    if !*shared.detached_tx.borrow() {
+        // Still attached (the old carrier died without a sign yet).
+        shared.stop_carrier("replaced by a new carrier").await;
+    }
+    let ask = {
+        let mut l = shared.link().ok_or(SessionError::NoResume)?;
+        l.attempt += 1;
+        let received = l.rx.received();
+        Attach::Resume {
+            id: l.id,
+            attempt: l.attempt,
+            received,
+            proof: proof(&l.secret, &l.id, l.attempt, received),
+            replay_limit: l.replay.limit() as u32,
+        }
+    };
+    let answer = exchange(config, async {
+        carrier.writer.write_all(&ask.encode()).await?;
+        carrier.writer.flush().await?;
+        let mut b = [0u8; ATTACHED_LEN];
+        carrier.reader.read_exact(&mut b).await?;
+        Ok(Attached::decode(&b)?)
+    })
+    .await?;
+    match answer {
+        Attached::Resumed { received, .. } => {
+            let limits = decode_limits(config, &n);
+            shared.resume_on(carrier, limits, received).map_err(|e| {
+                let why = format!("cannot resume: {e}");
+                shared.close(why.clone());
+                SessionError::Closed(why)
+            })
+        }
+        Attached::Refused(r) => Err(SessionError::ResumeRefused(r)),
+        Attached::New { .. } => Err(SessionError::Closed(
+            "server answered a resume with a new session".into(),
+        )),
+    }
+}
+
+/// Server: the attach exchange after the hello.
+pub(crate) async fn serve_attach(
+    mut carrier: Carrier,
+    config: SessionConfig,
+    acceptor: Arc<dyn Acceptor>,
+    resumables: &Arc<Resumables>,
+    identity: String,
+    n: &Negotiated,
+) -> Result<Served, SessionError> {
+    let ask = exchange(&config, async {
+        let mut b = [0u8; ATTACH_LEN];
+        carrier.reader.read_exact(&mut b).await?;
+        Ok(Attach::decode(&b)?)
+    })
+    .await?;
+    let from = carrier.peer.clone();
+    let refuse = |mut carrier: Carrier, r: Refusal, why: String| async move {
+        tracing::warn!(peer = %from, "resume refused: {why}");
+        let _ = carrier
+            .writer
+            .write_all(&Attached::Refused(r).encode())
+            .await;
+        let _ = carrier.writer.flush().await;
+        Err(SessionError::ResumeRefused(r))
+    };
+    match ask {
+        Attach::New { replay_limit: peer } => {
+            let id = SessionId(rand::random());
+            let secret = Secret(rand::random());
+            let limit = replay_limit(&config);
+            let answer = Attached::New {
+                id,
+                secret: secret.clone(),
+                replay_limit: limit as u32,
+            };
+            exchange(&config, async {
+                carrier.writer.write_all(&answer.encode()).await?;
+                carrier.writer.flush().await?;
+                Ok(())
+            })
+            .await?;
+            let link = LinkState::new(limit, peer as usize, id, secret, identity);
+            let h = build(carrier, config, acceptor, n, Role::Server, Some(link));
+            resumables.insert(id, &h.shared);
+            tracing::debug!(session = %id, "resumable session started");
+            Ok(Served::New(h))
+        }
+        Attach::Resume {
+            id,
+            attempt,
+            received,
+            proof: shown,
+            ..
+        } => {
+            let Some(shared) = resumables.get(&id) else {
+                return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await;
+            };
+            let _attaching = shared.attach_lock.lock().await;
+            let verdict = {
+                let Some(mut l) = shared.link() else {
+                    return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await;
+                };
+                let expected = proof(&l.secret, &l.id, attempt, received);
+                if l.identity != identity {
+                    Err(format!(
+                        "session {id} belongs to {}, not to {identity}",
+                        l.identity
+                    ))
+                } else if !proof_matches(&expected, &shown) {
+                    Err(format!("wrong proof of the secret of session {id}"))
+                } else if attempt <= l.attempt {
+                    Err(format!(
+                        "attempt {attempt} for session {id} was already used (a replayed resume?)"
+                    ))
+                } else {
+                    l.attempt = attempt;
+                    Ok(())
+                }
+            };
+            if let Err(why) = verdict {
+                return refuse(carrier, Refusal::Denied, why).await;
+            }
+            if shared.is_dead() {
+                return refuse(carrier, Refusal::Unknown, format!("session {id} ended")).await;
+            }
+            if !*shared.detached_tx.borrow() {
+                // The client saw its carrier die before we did.
+                shared.stop_carrier("replaced by a resumed carrier").await;
+            }
+            let (sent, acked, ours) = {
+                let l = shared.link().expect("checked above");
+                (l.replay.sent(), l.replay.acked(), l.rx.received())
+            };
+            if received > sent || received < acked {
+                let why = format!(
+                    "session {id}: client has {received} bytes, but {acked}..={sent} is possible"
+                );
+                return refuse(carrier, Refusal::BadOffset, why).await;
+            }
+            let answer = Attached::Resumed {
+                received: ours,
+                replay_limit: shared.link().map_or(0, |l| l.replay.limit()) as u32,
+            };
+            exchange(&config, async {
+                carrier.writer.write_all(&answer.encode()).await?;
+                carrier.writer.flush().await?;
+                Ok(())
+            })
+            .await?;
+            let limits = decode_limits(&config, n);
+            if let Err(e) = shared.resume_on(carrier, limits, received) {
+                let why = format!("cannot resume session {id}: {e}");
+                shared.close(why.clone());
+                return Err(SessionError::Closed(why));
+            }
+            drop(_attaching);
+            Ok(Served::Resumed(SessionHandle { shared }))
+        }
+    }
+}
