@@ -334,6 +334,12 @@ impl SessionHandle {
         self.shared.link.is_some()
     }
 
+    /// The session's id on the server (resumable sessions only): the same
+    /// across carrier drops, a different one for a fresh session.
+    pub fn resume_id(&self) -> Option<longhaul_proto::resume::SessionId> {
+        self.shared.link().map(|l| l.id)
+    }
+
     /// Whether the session has no carrier now (waiting for a resume).
     pub fn is_detached(&self) -> bool {
         *self.shared.detached_tx.borrow()

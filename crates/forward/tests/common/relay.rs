@@ -1,0 +1,143 @@
+//! A TCP relay between client and server that the test controls: it can
+//! reset every connection it holds (a dropped carrier), refuse new ones for
+//! a while (the path is down), or stop forwarding while keeping the
+//! connections open (a path gone silent: a NAT that forgot the flow).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+pub struct Relay {
+    pub addr: SocketAddr,
+    /// Bumped to reset every connection held.
+    kill: watch::Sender<u64>,
+    down: Arc<AtomicBool>,
+    silent: Arc<AtomicBool>,
+    /// Connections accepted and passed on.
+    pub carried: Arc<AtomicU64>,
+}
+
+impl Relay {
+    pub async fn start(upstream: SocketAddr) -> Relay {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (kill, _) = watch::channel(0u64);
+        let down = Arc::new(AtomicBool::new(false));
+        let silent = Arc::new(AtomicBool::new(false));
+        let carried = Arc::new(AtomicU64::new(0));
+        let (k, d, s, c) = (kill.clone(), down.clone(), silent.clone(), carried.clone());
+        tokio::spawn(async move {
+            while let Ok((a, _)) = l.accept().await {
+                if d.load(Ordering::SeqCst) {
+                    reset(&a);
+                    continue;
+                }
+                let Ok(b) = TcpStream::connect(upstream).await else {
+                    reset(&a);
+                    continue;
+                };
+                c.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(pair(a, b, k.subscribe(), s.clone()));
+            }
+        });
+        Relay {
+            addr,
+            kill,
+            down,
+            silent,
+            carried,
+        }
+    }
+
+    /// Resets every connection now held (both sides see a reset).
+    pub fn reset_all(&self) {
+        self.kill.send_modify(|k| *k += 1);
+    }
+
+    /// While down, new connections are reset at once.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// Stops forwarding on the connections held now (they stay open);
+    /// new connections forward normally.
+    pub fn go_silent(&self) {
+        self.silent.store(true, Ordering::SeqCst);
+    }
+
+    /// Drops the connection that went silent, then lets new ones through.
+    pub fn reset_silent(&self) {
+        self.reset_all();
+        self.silent.store(false, Ordering::SeqCst);
+    }
+
+    /// A drop: resets everything, refuses new connections for `outage`.
+    pub async fn outage(&self, outage: Duration) {
+        self.set_down(true);
+        self.reset_all();
+        tokio::time::sleep(outage).await;
+        self.set_down(false);
+    }
+}
+
+fn reset(s: &TcpStream) {
+    let _ = s.set_linger(Some(Duration::ZERO));
+}
+
+/// Copies both ways until either side ends or the test resets the pair.
+async fn pair(a: TcpStream, b: TcpStream, mut kill: watch::Receiver<u64>, silent: Arc<AtomicBool>) {
+    let _ = a.set_nodelay(true);
+    let _ = b.set_nodelay(true);
+    // Whenever the pair is dropped, both ends see a reset, not an end.
+    reset(&a);
+    reset(&b);
+    let (mut ar, mut aw) = a.into_split();
+    let (mut br, mut bw) = b.into_split();
+    let s1 = silent.clone();
+    let copy = async move {
+        let up = async {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match ar.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                while s1.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                if bw.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            let _ = bw.shutdown().await;
+        };
+        let down = async {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match br.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                while silent.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                if aw.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            let _ = aw.shutdown().await;
+        };
+        tokio::join!(up, down);
+        (ar, aw, br, bw)
+    };
+    let start = *kill.borrow_and_update();
+    tokio::select! {
+        _ = copy => {}
+        _ = kill.wait_for(|k| *k != start) => {}
+    }
+}

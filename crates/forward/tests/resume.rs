@@ -1,0 +1,285 @@
+//! Sessions that survive their carrier: real client and server on
+//! loopback, with a relay between them that the test resets, takes down
+//! or silences. Every stream's bytes are hashed end to end.
+
+mod common;
+#[path = "common/relay.rs"]
+mod relay;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use longhaul_carrier::Identity;
+use longhaul_forward::rules::{BindRules, Rules};
+use longhaul_forward::{Client, ClientConfig, Server, ServerConfig};
+use longhaul_session::SessionConfig;
+use relay::Relay;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Per stream, each way.
+const PER_STREAM: usize = 16 << 20;
+const STREAMS: usize = 4;
+
+/// A target that, for each connection, sends `PER_STREAM` bytes of its own
+/// and hashes what it receives; counts received bytes in `progress`.
+async fn hashing_target(
+    progress: Arc<AtomicU64>,
+) -> (
+    SocketAddr,
+    tokio::sync::mpsc::Receiver<([u8; 32], [u8; 32])>,
+) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(STREAMS * 2);
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let tx = tx.clone();
+            let progress = progress.clone();
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.into_split();
+                let mine = random_bytes(PER_STREAM);
+                let mine_hash = sha(&mine);
+                let send = async move {
+                    w.write_all(&mine).await.unwrap();
+                    w.shutdown().await.unwrap();
+                };
+                let recv = async move {
+                    let mut got = Vec::with_capacity(PER_STREAM);
+                    let mut buf = vec![0u8; 256 * 1024];
+                    loop {
+                        let n = r.read(&mut buf).await.unwrap();
+                        if n == 0 {
+                            break;
+                        }
+                        progress.fetch_add(n as u64, Ordering::SeqCst);
+                        got.extend_from_slice(&buf[..n]);
+                    }
+                    sha(&got)
+                };
+                let ((), got) = tokio::join!(send, recv);
+                let _ = tx.send((got, mine_hash)).await;
+            });
+        }
+    });
+    (addr, rx)
+}
+
+fn quick_session() -> SessionConfig {
+    SessionConfig {
+        // A silent carrier is found within a few seconds in these tests.
+        keepalive: Duration::from_millis(500),
+        dead_after: Duration::from_secs(2),
+        ..SessionConfig::default()
+    }
+}
+
+/// Runs `STREAMS` streams through `client`'s first forward, each sending
+/// and receiving `PER_STREAM` bytes; `disturb` runs meanwhile with the
+/// target's progress counter. Checks every hash both ways.
+async fn transfer_while<F, Fut>(
+    client: &Client,
+    target: (
+        SocketAddr,
+        tokio::sync::mpsc::Receiver<([u8; 32], [u8; 32])>,
+    ),
+    progress: Arc<AtomicU64>,
+    disturb: F,
+) where
+    F: FnOnce(Arc<AtomicU64>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (_, mut results) = target;
+    let fwd = client.local_addrs[0];
+    let mut streams = vec![];
+    for i in 0..STREAMS {
+        streams.push(tokio::spawn(async move {
+            let data = random_bytes(PER_STREAM);
+            let h = sha(&data);
+            let s = TcpStream::connect(fwd).await.unwrap();
+            let got = send_and_collect(s, data).await;
+            assert_eq!(got.len(), PER_STREAM, "stream {i}: length");
+            (h, sha(&got))
+        }));
+    }
+    disturb(progress).await;
+    let mut sent_up = vec![];
+    let mut got_down = vec![];
+    within(120, async {
+        for s in streams {
+            let (up, down) = s.await.expect("a stream failed (reset or cut short)");
+            sent_up.push(up);
+            got_down.push(down);
+        }
+    })
+    .await;
+    let mut target_got = vec![];
+    let mut target_sent = vec![];
+    for _ in 0..STREAMS {
+        let (got, sent) = within(30, results.recv()).await.unwrap();
+        target_got.push(got);
+        target_sent.push(sent);
+    }
+    sent_up.sort();
+    target_got.sort();
+    got_down.sort();
+    target_sent.sort();
+    assert_eq!(sent_up, target_got, "client → target bytes differ");
+    assert_eq!(got_down, target_sent, "target → client bytes differ");
+}
+
+/// Waits until the target has received `share` of everything.
+async fn until_progress(p: &AtomicU64, share: f64) {
+    let want = (share * (PER_STREAM * STREAMS) as f64) as u64;
+    within(120, async {
+        while p.load(Ordering::SeqCst) < want {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+async fn plain_server(session: SessionConfig, rules: Rules, bind_rules: BindRules) -> SocketAddr {
+    start_server_with(rules, bind_rules, session).await
+}
+
+/// The drop test over one carrier kind: two resets mid-transfer, the path
+/// back after 2 s each time.
+async fn survives_two_resets(
+    server: SocketAddr,
+    mut cfg: ClientConfig,
+    target_progress: (
+        Arc<AtomicU64>,
+        (
+            SocketAddr,
+            tokio::sync::mpsc::Receiver<([u8; 32], [u8; 32])>,
+        ),
+    ),
+) {
+    let (progress, target) = target_progress;
+    let relay = Relay::start(server).await;
+    cfg.server = match cfg.server {
+        longhaul_carrier::CarrierUrl::Net { transport, .. } => longhaul_carrier::CarrierUrl::Net {
+            transport,
+            addr: relay.addr.to_string(),
+        },
+        other => other,
+    };
+    cfg.local = vec![fwd("127.0.0.1", target.0.port())];
+    cfg.session = quick_session();
+    let client = Client::start(cfg).await.unwrap();
+    let before = client.session().resume_id();
+    transfer_while(&client, target, progress, |p| async move {
+        until_progress(&p, 0.3).await;
+        relay.outage(Duration::from_secs(2)).await;
+        until_progress(&p, 0.7).await;
+        relay.outage(Duration::from_secs(2)).await;
+    })
+    .await;
+    let s = client.session();
+    assert_eq!(
+        s.resume_id(),
+        before,
+        "the session was replaced, not resumed"
+    );
+    let st = s.stats();
+    assert!(st.resumes >= 2, "resumed {} times", st.resumes);
+    assert!(!s.is_closed());
+    wait_log("session resumed on a new carrier").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_streams_survive_two_carrier_resets_over_tcp() {
+    logs();
+    let progress = Arc::new(AtomicU64::new(0));
+    let target = hashing_target(progress.clone()).await;
+    let server = plain_server(
+        quick_session(),
+        Rules::new(vec![target.0.to_string().parse().unwrap()], false),
+        BindRules::default(),
+    )
+    .await;
+    let mut cfg = client_config(server);
+    cfg.insecure = true;
+    survives_two_resets(server, cfg, (progress, target)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_streams_survive_two_carrier_resets_over_tls() {
+    logs();
+    let (sid, cid) = (Identity::generate().unwrap(), Identity::generate().unwrap());
+    let progress = Arc::new(AtomicU64::new(0));
+    let target = hashing_target(progress.clone()).await;
+    let mut scfg = ServerConfig::new("tls://127.0.0.1:0".parse().unwrap());
+    scfg.identity = Some(sid.clone());
+    scfg.auth.authorized_keys = Some(
+        longhaul_forward::auth::AuthorizedKeys::parse(&format!("{}\n", cid.fingerprint), "test")
+            .unwrap(),
+    );
+    scfg.rules = Rules::new(vec![target.0.to_string().parse().unwrap()], false);
+    scfg.session = quick_session();
+    let s = Server::bind(scfg).await.unwrap();
+    let server = s.local_addr().unwrap();
+    tokio::spawn(s.run());
+    let mut cfg = ClientConfig::new(format!("tls://{server}").parse().unwrap());
+    cfg.identity = Some(cid);
+    cfg.pin = Some(sid.fingerprint);
+    survives_two_resets(server, cfg, (progress, target)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_carrier_gone_silent_is_detected_and_resumed() {
+    logs();
+    let progress = Arc::new(AtomicU64::new(0));
+    let target = hashing_target(progress.clone()).await;
+    let server = plain_server(
+        quick_session(),
+        Rules::new(vec![target.0.to_string().parse().unwrap()], false),
+        BindRules::default(),
+    )
+    .await;
+    let relay = Relay::start(server).await;
+    let mut cfg = client_config(relay.addr);
+    cfg.local = vec![fwd("127.0.0.1", target.0.port())];
+    cfg.session = quick_session();
+    let client = Client::start(cfg).await.unwrap();
+    let t = Arc::new(std::sync::Mutex::new(None));
+    let t2 = t.clone();
+    transfer_while(&client, target, progress, |p| async move {
+        until_progress(&p, 0.4).await;
+        // No reset, no EOF: the bytes just stop.
+        relay.go_silent();
+        let at = Instant::now();
+        wait_log("nothing heard from the peer").await;
+        *t2.lock().unwrap() = Some(at.elapsed());
+        // The silent connection is gone for good once detected.
+        relay.reset_silent();
+    })
+    .await;
+    let took = t.lock().unwrap().unwrap();
+    assert!(
+        took < Duration::from_secs(10),
+        "silence noticed after {took:?}"
+    );
+    assert!(client.session().stats().resumes >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_streams_survive_two_carrier_resets_over_websocket() {
+    logs();
+    let progress = Arc::new(AtomicU64::new(0));
+    let target = hashing_target(progress.clone()).await;
+    let mut scfg = ServerConfig::new("ws://127.0.0.1:0/tunnel".parse().unwrap());
+    scfg.auth.insecure = true;
+    scfg.rules = Rules::new(vec![target.0.to_string().parse().unwrap()], false);
+    scfg.session = quick_session();
+    let s = Server::bind(scfg).await.unwrap();
+    let server = s.local_addr().unwrap();
+    tokio::spawn(s.run());
+    let mut cfg = ClientConfig::new(format!("ws://{server}/tunnel").parse().unwrap());
+    cfg.insecure = true;
+    survives_two_resets(server, cfg, (progress, target)).await;
+}
