@@ -4,7 +4,7 @@
 //! connections open (a path gone silent: a NAT that forgot the flow).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +18,6 @@ pub struct Relay {
     kill: watch::Sender<u64>,
     down: Arc<AtomicBool>,
     silent: Arc<AtomicBool>,
-    /// Connections accepted and passed on.
-    pub carried: Arc<AtomicU64>,
 }
 
 impl Relay {
@@ -29,8 +27,7 @@ impl Relay {
         let (kill, _) = watch::channel(0u64);
         let down = Arc::new(AtomicBool::new(false));
         let silent = Arc::new(AtomicBool::new(false));
-        let carried = Arc::new(AtomicU64::new(0));
-        let (k, d, s, c) = (kill.clone(), down.clone(), silent.clone(), carried.clone());
+        let (k, d, s) = (kill.clone(), down.clone(), silent.clone());
         tokio::spawn(async move {
             while let Ok((a, _)) = l.accept().await {
                 if d.load(Ordering::SeqCst) {
@@ -41,7 +38,6 @@ impl Relay {
                     reset(&a);
                     continue;
                 };
-                c.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(pair(a, b, k.subscribe(), s.clone()));
             }
         });
@@ -50,7 +46,6 @@ impl Relay {
             kill,
             down,
             silent,
-            carried,
         }
     }
 
@@ -86,7 +81,8 @@ impl Relay {
 }
 
 fn reset(s: &TcpStream) {
-    let _ = s.set_linger(Some(Duration::ZERO));
+    // A zero linger resets at close, at once (it never blocks).
+    let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
 }
 
 /// Copies both ways until either side ends or the test resets the pair.
