@@ -24,14 +24,14 @@ use tokio::net::{TcpListener, TcpStream};
 const PER_STREAM: usize = 16 << 20;
 const STREAMS: usize = 4;
 
+/// Per stream: (hash of what the target received, hash of what it sent).
+type Results = tokio::sync::mpsc::Receiver<([u8; 32], [u8; 32])>;
+/// The target's address and its results.
+type Target = (SocketAddr, Results);
+
 /// A target that, for each connection, sends `PER_STREAM` bytes of its own
 /// and hashes what it receives; counts received bytes in `progress`.
-async fn hashing_target(
-    progress: Arc<AtomicU64>,
-) -> (
-    SocketAddr,
-    tokio::sync::mpsc::Receiver<([u8; 32], [u8; 32])>,
-) {
+async fn hashing_target(progress: Arc<AtomicU64>) -> Target {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(STREAMS * 2);
@@ -82,10 +82,7 @@ fn quick_session() -> SessionConfig {
 /// target's progress counter. Checks every hash both ways.
 async fn transfer_while<F, Fut>(
     client: &Client,
-    target: (
-        SocketAddr,
-        tokio::sync::mpsc::Receiver<([u8; 32], [u8; 32])>,
-    ),
+    target: Target,
     progress: Arc<AtomicU64>,
     disturb: F,
 ) where
@@ -151,13 +148,7 @@ async fn plain_server(session: SessionConfig, rules: Rules, bind_rules: BindRule
 async fn survives_two_resets(
     server: SocketAddr,
     mut cfg: ClientConfig,
-    target_progress: (
-        Arc<AtomicU64>,
-        (
-            SocketAddr,
-            tokio::sync::mpsc::Receiver<([u8; 32], [u8; 32])>,
-        ),
-    ),
+    target_progress: (Arc<AtomicU64>, Target),
 ) {
     let (progress, target) = target_progress;
     let relay = Relay::start(server).await;
