@@ -211,6 +211,9 @@ pub struct SessionArgs {
     /// Bytes sent and not yet acknowledged kept for a replay after a carrier drop; the sender waits when it is full (auto: twice this machine's largest TCP send plus receive buffer, 16m to 256m).
     #[arg(long, value_name = "SIZE", default_value = "auto", value_parser = parse_replay_size)]
     pub replay_buffer: u64,
+    /// How long a session whose carrier dropped is kept for a resume (server), or tried (client, then a new session starts).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_delay)]
+    pub resume_timeout: std::time::Duration,
     /// Nothing heard from the peer for this long: the carrier is dead (a resumable session moves to a new one).
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_delay)]
     pub dead_after: std::time::Duration,
@@ -245,6 +248,7 @@ impl SessionArgs {
                 .max(std::time::Duration::from_millis(100)),
             idle_timeout: (!self.idle_timeout.is_zero()).then_some(self.idle_timeout),
             replay_limit: self.replay_buffer as usize,
+            resume_timeout: self.resume_timeout,
             dead_after: self.dead_after.max(std::time::Duration::from_secs(1)),
             keepalive: (self.dead_after / 3).clamp(
                 std::time::Duration::from_millis(300),
@@ -300,9 +304,6 @@ pub struct ServerArgs {
     /// Carriers served at once; a session waiting for its client to resume counts.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_sessions: usize,
-    /// How long a session whose carrier dropped waits for its client to resume it.
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_delay)]
-    pub resume_timeout: std::time::Duration,
     #[command(flatten)]
     pub session: SessionArgs,
 }

@@ -169,7 +169,6 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     cfg.bind_rules = a.bind_rules();
     cfg.session = a.session.config(a.jmux);
     cfg.max_sessions = a.max_sessions;
-    cfg.session.resume_timeout = a.resume_timeout;
     cfg.congestion = a.session.congestion.clone();
     if cfg.rules.is_empty() {
         tracing::warn!("no --allow rule given: every stream will be refused (add --allow HOST:PORT, or --allow-all)");

@@ -171,3 +171,89 @@ fn a_reverse_forward_out_of_file_descriptors_does_not_spin() {
     let mut s = TcpStream::connect(("127.0.0.1", rport)).unwrap();
     s.write_all(b"x").unwrap();
 }
+
+/// One echo round trip through `port`, or why it failed.
+fn echo_once(port: u16) -> Result<(), String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s.write_all(b"again").map_err(|e| e.to_string())?;
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b).map_err(|e| e.to_string())?;
+    if &b == b"again" {
+        Ok(())
+    } else {
+        Err(format!("got {b:?}"))
+    }
+}
+
+#[test]
+fn a_restarted_server_gets_a_fresh_session_and_the_old_streams_are_reset() {
+    let tport = echo_target();
+    let sport = free_port();
+    let lport = free_port();
+    let rport = free_port();
+    let dir = tmpdir("restart");
+    let server_args = [
+        "server".to_string(),
+        "--listen".into(),
+        format!("tcp://127.0.0.1:{sport}"),
+        "--insecure".into(),
+        "--allow".into(),
+        format!("127.0.0.1:{tport}"),
+        "--allow-bind".into(),
+        rport.to_string(),
+    ];
+    let args: Vec<&str> = server_args.iter().map(String::as_str).collect();
+    let mut server = spawn_logged(&args, &dir.join("server1.log"));
+    wait_port(sport);
+    let mut client = spawn_logged(
+        &[
+            "client",
+            &format!("tcp://127.0.0.1:{sport}"),
+            "--insecure",
+            "-L",
+            &format!("{lport}:127.0.0.1:{tport}"),
+            "-R",
+            &format!("{rport}:127.0.0.1:{tport}"),
+        ],
+        &dir.join("client.log"),
+    );
+    wait_port(lport);
+    wait_port(rport);
+    // A live stream through the first session.
+    let mut s = TcpStream::connect(("127.0.0.1", lport)).unwrap();
+    s.write_all(b"hello").unwrap();
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b).unwrap();
+    // The server dies without a word (its sessions with it), and comes
+    // back a second later.
+    server.0.kill().unwrap();
+    server.0.wait().unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let _server2 = spawn_logged(&args, &dir.join("server2.log"));
+    let back = Instant::now();
+    // The old stream ends promptly once the client hears the session is
+    // gone: a reset (or at least an end), not a hang.
+    s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    let mut rest = vec![];
+    match s.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) => assert!(
+            e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::TimedOut,
+            "the old stream hung: {e}"
+        ),
+    }
+    // New connections through the same -L work again, and the server's
+    // -R listener is back.
+    wait_until(10, "-L works again", || echo_once(lport).is_ok());
+    wait_until(10, "-R is back", || echo_once(rport).is_ok());
+    assert!(
+        back.elapsed() < Duration::from_secs(12),
+        "{:?}",
+        back.elapsed()
+    );
+    assert!(client.0.try_wait().unwrap().is_none(), "the client exited");
+    let log = std::fs::read_to_string(dir.join("client.log")).unwrap();
+    assert!(log.contains("refused to resume the session"), "{log}");
+    assert!(log.contains("new session"), "{log}");
+}

@@ -345,6 +345,15 @@ async fn supervise(
                 if session.is_closed() {
                     break;
                 }
+                if lost.elapsed() > config.session.resume_timeout {
+                    // The server has given the session up by now too.
+                    tracing::warn!(
+                        "no carrier to {url} for {:?} (--resume-timeout): the session's streams are reset, starting a new session",
+                        lost.elapsed()
+                    );
+                    session.close("not resumed within the resume timeout");
+                    break;
+                }
                 let attempt = async {
                     let carrier = dial(&config).await?;
                     session.resume(carrier).await.map_err(anyhow::Error::from)

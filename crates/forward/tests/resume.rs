@@ -274,3 +274,241 @@ async fn four_streams_survive_two_carrier_resets_over_websocket() {
     cfg.insecure = true;
     survives_two_resets(server, cfg, (progress, target)).await;
 }
+
+/// Echo service for the reverse-forward and hostile tests.
+async fn echo_ok(addr: SocketAddr) {
+    let data = random_bytes(64 * 1024);
+    let h = sha(&data);
+    let s = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(sha(&within(20, send_and_collect(s, data)).await), h);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reverse_forward_serves_a_connection_made_during_the_outage() {
+    logs();
+    let echo = echo_server().await;
+    let port = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let binds = BindRules::new(vec![port.to_string().parse().unwrap()], false);
+    let server = plain_server(quick_session(), Rules::default(), binds).await;
+    let relay = Relay::start(server).await;
+    let mut cfg = client_config(relay.addr);
+    cfg.remote = vec![longhaul_forward::spec::ForwardSpec {
+        bind: "127.0.0.1".into(),
+        port,
+        host: "127.0.0.1".into(),
+        host_port: echo.port(),
+    }];
+    cfg.session = quick_session();
+    let client = Client::start(cfg).await.unwrap();
+    let rport = SocketAddr::from(([127, 0, 0, 1], client.remote_ports[0]));
+    echo_ok(rport).await;
+    // The path goes down; the server keeps the -R listener of the detached
+    // session, and a connection made now waits for the client.
+    relay.set_down(true);
+    relay.reset_all();
+    wait_log("the session is kept for a resume").await;
+    let during = tokio::spawn(echo_ok(rport));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    relay.set_down(false);
+    within(20, during).await.unwrap();
+    assert!(client.session().stats().resumes >= 1);
+}
+
+/// Sends a raw attach message after the hello, on a carrier that passed
+/// the server's authentication; returns the server's answer.
+async fn raw_attach(
+    carrier: &mut longhaul_carrier::Carrier,
+    ask: longhaul_proto::resume::Attach,
+) -> longhaul_proto::resume::Attached {
+    use longhaul_proto::handshake::{Hello, FEATURE_RESUME, HELLO_LEN};
+    use longhaul_proto::resume::{Attached, ATTACHED_LEN};
+    let mut hello = Hello::ours(u16::MAX);
+    hello.features |= FEATURE_RESUME;
+    carrier.writer.write_all(&hello.encode()).await.unwrap();
+    carrier.writer.write_all(&ask.encode()).await.unwrap();
+    carrier.writer.flush().await.unwrap();
+    let mut h = [0u8; HELLO_LEN];
+    carrier.reader.read_exact(&mut h).await.unwrap();
+    let mut b = [0u8; ATTACHED_LEN];
+    carrier.reader.read_exact(&mut b).await.unwrap();
+    Attached::decode(&b).unwrap()
+}
+
+async fn dial_raw(url: &str, tls: Option<Arc<rustls::ClientConfig>>) -> longhaul_carrier::Carrier {
+    let opts = longhaul_carrier::DialOptions {
+        tls,
+        congestion: None,
+    };
+    let mut c = longhaul_carrier::dial(&url.parse().unwrap(), &opts)
+        .await
+        .unwrap();
+    let p = longhaul_forward::auth::preamble(None).unwrap();
+    c.writer.write_all(&p).await.unwrap();
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_resumes_are_refused_and_the_real_session_is_unharmed() {
+    use longhaul_proto::resume::{Attach, Attached, Refusal, SessionId};
+    logs();
+    let (sid, alice, mallory) = (
+        Identity::generate().unwrap(),
+        Identity::generate().unwrap(),
+        Identity::generate().unwrap(),
+    );
+    let echo = echo_server().await;
+    let mut scfg = ServerConfig::new("tls://127.0.0.1:0".parse().unwrap());
+    scfg.identity = Some(sid.clone());
+    scfg.auth.authorized_keys = Some(
+        longhaul_forward::auth::AuthorizedKeys::parse(
+            &format!("{}\n{}\n", alice.fingerprint, mallory.fingerprint),
+            "test",
+        )
+        .unwrap(),
+    );
+    scfg.rules = Rules::new(vec![echo.to_string().parse().unwrap()], false);
+    let s = Server::bind(scfg).await.unwrap();
+    let server = s.local_addr().unwrap();
+    tokio::spawn(s.run());
+    let url = format!("tls://{server}");
+    let mut cfg = ClientConfig::new(url.parse().unwrap());
+    cfg.identity = Some(alice.clone());
+    cfg.pin = Some(sid.fingerprint);
+    cfg.local = vec![fwd("127.0.0.1", echo.port())];
+    let client = Client::start(cfg).await.unwrap();
+    let fwd_addr = client.local_addrs[0];
+    echo_ok(fwd_addr).await;
+    let id = client.session().resume_id().unwrap();
+    let tls_as = |who: &Identity| {
+        let v = longhaul_carrier::tls::PinVerifier::new(Some(sid.fingerprint));
+        Some(longhaul_carrier::tls::client_config(Some(who), v).unwrap())
+    };
+    let forged = |id: SessionId, attempt: u64, received: u64| Attach::Resume {
+        id,
+        attempt,
+        received,
+        proof: [7u8; 32],
+        replay_limit: 1 << 20,
+    };
+    // Another authorized key, the real session's id.
+    let mut c = dial_raw(&url, tls_as(&mallory)).await;
+    assert_eq!(
+        within(10, raw_attach(&mut c, forged(id, 1000, 0))).await,
+        Attached::Refused(Refusal::Denied)
+    );
+    wait_log("belongs to key").await;
+    // The right key, a wrong proof; twice at once.
+    let mut c1 = dial_raw(&url, tls_as(&alice)).await;
+    let mut c2 = dial_raw(&url, tls_as(&alice)).await;
+    let (a1, a2) = tokio::join!(
+        raw_attach(&mut c1, forged(id, 1001, 0)),
+        raw_attach(&mut c2, forged(id, 1002, 0))
+    );
+    assert_eq!(a1, Attached::Refused(Refusal::Denied));
+    assert_eq!(a2, Attached::Refused(Refusal::Denied));
+    wait_log("wrong proof of the secret").await;
+    // An id that does not exist.
+    let mut c = dial_raw(&url, tls_as(&alice)).await;
+    assert_eq!(
+        within(10, raw_attach(&mut c, forged(SessionId([3; 16]), 1, 0))).await,
+        Attached::Refused(Refusal::Unknown)
+    );
+    wait_log("resume refused: no session").await;
+    // The real session never noticed.
+    echo_ok(fwd_addr).await;
+    let s = client.session();
+    assert_eq!(s.resume_id(), Some(id));
+    assert_eq!(s.stats().resumes, 0);
+    assert!(!s.is_detached());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_acknowledges_gets_no_more_than_the_replay_bound() {
+    use longhaul_proto::frame::{self, DecodeLimits, Frame};
+    use longhaul_proto::resume::{Attach, Attached};
+    logs();
+    // A target that sends without end.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let chunk = vec![5u8; 256 * 1024];
+                while s.write_all(&chunk).await.is_ok() {}
+            });
+        }
+    });
+    const LIMIT: usize = 1 << 20;
+    let session = SessionConfig {
+        replay_limit: LIMIT,
+        ..SessionConfig::default()
+    };
+    let server = plain_server(
+        session,
+        Rules::new(vec![target.to_string().parse().unwrap()], false),
+        BindRules::default(),
+    )
+    .await;
+    let mut c = dial_raw(&format!("tcp://{server}"), None).await;
+    let answer = raw_attach(
+        &mut c,
+        Attach::New {
+            replay_limit: LIMIT as u32,
+        },
+    )
+    .await;
+    assert!(matches!(answer, Attached::New { .. }), "{answer:?}");
+    // One stream with a window far beyond the bound: only the replay
+    // buffer can stop the server.
+    let open = Frame::Open {
+        sender: 1,
+        window: 1 << 30,
+        max_packet: 65000,
+        dest: format!("tcp://{target}"),
+    };
+    c.writer.write_all(&open.to_bytes().unwrap()).await.unwrap();
+    c.writer.flush().await.unwrap();
+    let received = Arc::new(AtomicU64::new(0));
+    let r2 = received.clone();
+    let mut reader = c.reader;
+    let reading = tokio::spawn(async move {
+        let mut buf = bytes::BytesMut::with_capacity(1 << 20);
+        loop {
+            if reader.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                return;
+            }
+            while let Ok(Some(f)) = frame::decode(&mut buf, DecodeLimits::default()) {
+                if let Frame::Data { payload, .. } = f {
+                    r2.fetch_add(payload.len() as u64, Ordering::SeqCst);
+                }
+            }
+            if buf.capacity() - buf.len() < 128 * 1024 {
+                let rest = buf.split();
+                buf = bytes::BytesMut::with_capacity(1 << 20);
+                buf.extend_from_slice(&rest);
+            }
+        }
+    });
+    // Data flows, then stops short of the bound plus one writer batch.
+    within(10, async {
+        while received.load(Ordering::SeqCst) < (LIMIT / 2) as u64 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let plateau = received.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let later = received.load(Ordering::SeqCst);
+    assert_eq!(plateau, later, "the server kept sending without ACKs");
+    assert!(
+        later <= (LIMIT + (1 << 20) + 65536) as u64,
+        "{later} bytes sent unacknowledged, bound {LIMIT} + one batch"
+    );
+    reading.abort();
+}
