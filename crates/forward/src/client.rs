@@ -283,28 +283,53 @@ async fn establish(
         })
 }
 
-/// Waits between reconnection attempts: the first retry comes fast, then
-/// the wait doubles up to a cap, with ±25 % jitter so that many clients
-/// cut off at once do not all come back in the same instant.
+/// Waits between reconnection attempts. The first comes at once (a reset
+/// carrier is usually back on the next dial); then every ≈ 100 ms for the
+/// first few seconds, so that a short outage costs little more than itself;
+/// then doubling up to a cap. ±25 % jitter, so that many clients cut off at
+/// once do not all come back in the same instant.
 struct Backoff {
-    next: Duration,
+    started: Instant,
+    attempts: u32,
+    slow: Duration,
 }
 
-/// First wait before dialling again.
-const RECONNECT_FIRST: Duration = Duration::from_millis(100);
+/// Retries this often during the first [`RECONNECT_FAST_FOR`].
+const RECONNECT_FAST: Duration = Duration::from_millis(100);
+const RECONNECT_FAST_FOR: Duration = Duration::from_secs(5);
 /// Longest wait between attempts.
 pub const RECONNECT_MAX: Duration = Duration::from_secs(10);
 
 impl Backoff {
     fn new() -> Backoff {
         Backoff {
-            next: RECONNECT_FIRST,
+            started: Instant::now(),
+            attempts: 0,
+            slow: RECONNECT_FAST * 2,
+        }
+    }
+
+    /// A failed attempt: logged at the 1st, 2nd, 4th, 8th… (the rest at
+    /// debug level), so a long outage does not flood the log.
+    fn log(&self, what: &str) {
+        if self.attempts.is_power_of_two() {
+            tracing::warn!(attempt = self.attempts, "{what}");
+        } else {
+            tracing::debug!(attempt = self.attempts, "{what}");
         }
     }
 
     fn next(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(RECONNECT_MAX);
+        self.attempts += 1;
+        let d = if self.attempts == 1 {
+            return Duration::ZERO;
+        } else if self.started.elapsed() < RECONNECT_FAST_FOR {
+            RECONNECT_FAST
+        } else {
+            let d = self.slow;
+            self.slow = (self.slow * 2).min(RECONNECT_MAX);
+            d
+        };
         d.mul_f64(rand::thread_rng().gen_range(0.75..1.25))
     }
 }
@@ -342,6 +367,14 @@ async fn supervise(
         if detached {
             let lost = Instant::now();
             loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.next()) => {}
+                    _ = stop.wait_for(|s| *s) => {
+                        session.close("client stopped");
+                        ended.send_replace(Some("client stopped".into()));
+                        return;
+                    }
+                }
                 if session.is_closed() {
                     break;
                 }
@@ -357,6 +390,13 @@ async fn supervise(
                 let attempt = async {
                     let carrier = dial(&config).await?;
                     session.resume(carrier).await.map_err(anyhow::Error::from)
+                };
+                // A dial into a black hole must not hold up the next one.
+                let limit = config.session.handshake_timeout;
+                let attempt = async {
+                    tokio::time::timeout(limit, attempt)
+                        .await
+                        .unwrap_or_else(|_| Err(anyhow!("no answer within {limit:?}")))
                 };
                 match attempt.await {
                     Ok(replayed) => {
@@ -380,16 +420,8 @@ async fn supervise(
                             session.close(why);
                             break;
                         }
-                        _ => tracing::warn!("reconnecting to {url}: {e:#}"),
+                        _ => backoff.log(&format!("reconnecting to {url}: {e:#}")),
                     },
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff.next()) => {}
-                    _ = stop.wait_for(|s| *s) => {
-                        session.close("client stopped");
-                        ended.send_replace(Some("client stopped".into()));
-                        return;
-                    }
                 }
             }
             if !session.is_closed() {
@@ -415,7 +447,7 @@ async fn supervise(
                     current.send_replace(s);
                     break;
                 }
-                Err(e) => tracing::warn!("reconnecting to {url}: {e:#}"),
+                Err(e) => backoff.log(&format!("reconnecting to {url}: {e:#}")),
             }
         }
     }
