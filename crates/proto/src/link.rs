@@ -28,6 +28,8 @@ pub const DEFAULT_REPLAY_LIMIT: usize = 32 << 20;
 /// an ACK is held until the record catches up; one further ahead than any
 /// single write can be is a lie.
 pub const ACK_SLACK: u64 = 4 << 20;
+/// Unacknowledged bytes that make an ACK worth a write of its own.
+pub const ACK_EVERY_MAX: usize = 1 << 20;
 /// Smallest replay bound a peer may announce (so it acknowledges often
 /// enough without flooding ACKs).
 pub const MIN_REPLAY_LIMIT: usize = 256 << 10;
@@ -204,14 +206,15 @@ pub struct Receipt {
 }
 
 impl Receipt {
-    /// `peer_limit`: the peer's replay bound; an ACK goes out on its own
-    /// once a quarter of it is unacknowledged, so the peer's writer never
-    /// waits for one on a healthy carrier.
+    /// `peer_limit`: the peer's replay bound. An ACK goes out on its own
+    /// once a quarter of it, or [`ACK_EVERY_MAX`], is unacknowledged: the
+    /// peer's writer never waits for one on a healthy carrier, and the
+    /// buffers its replay holds are let go while still warm in its caches.
     pub fn new(peer_limit: usize) -> Receipt {
         Receipt {
             received: 0,
             told: 0,
-            ack_every: (peer_limit.max(MIN_REPLAY_LIMIT) / 4) as u64,
+            ack_every: (peer_limit.max(MIN_REPLAY_LIMIT) / 4).min(ACK_EVERY_MAX) as u64,
         }
     }
 

@@ -82,6 +82,16 @@ pub(crate) async fn hello(
     carrier: &mut Carrier,
     config: &SessionConfig,
 ) -> Result<Negotiated, SessionError> {
+    hello_then(carrier, config, &[]).await
+}
+
+/// The hello, with `then` written right behind ours in the same flight
+/// (a resume's attach message: one round trip saved on every resume).
+pub(crate) async fn hello_then(
+    carrier: &mut Carrier,
+    config: &SessionConfig,
+    then: &[u8],
+) -> Result<Negotiated, SessionError> {
     if config.mode == Mode::Jmux {
         return Ok(Negotiated {
             extensions: false,
@@ -94,7 +104,9 @@ pub(crate) async fn hello(
         ours.features |= handshake::FEATURE_RESUME;
     }
     let hello = async {
-        carrier.writer.write_all(&ours.encode()).await?;
+        let mut first = ours.encode().to_vec();
+        first.extend_from_slice(then);
+        carrier.writer.write_all(&first).await?;
         carrier.writer.flush().await?;
         let mut b = [0u8; HELLO_LEN];
         carrier.reader.read_exact(&mut b).await?;

@@ -129,10 +129,6 @@ pub(crate) async fn resume_client(
         return Err(SessionError::Closed(why));
     }
     let config = &shared.config;
-    let n = crate::handle::hello(&mut carrier, config).await?;
-    if !n.resume {
-        return Err(SessionError::NoResume);
-    }
     let _attaching = shared.attach_lock.lock().await;
     if !*shared.detached_tx.borrow() {
         // Still attached (the old carrier died without a sign yet).
@@ -150,9 +146,13 @@ pub(crate) async fn resume_client(
             replay_limit: l.replay.limit() as u32,
         }
     };
+    // The server offered resume when the session started: the attach goes
+    // out with the hello, in one round trip.
+    let n = crate::handle::hello_then(&mut carrier, config, &ask.encode()).await?;
+    if !n.resume {
+        return Err(SessionError::NoResume);
+    }
     let answer = exchange(config, async {
-        carrier.writer.write_all(&ask.encode()).await?;
-        carrier.writer.flush().await?;
         let mut b = [0u8; ATTACHED_LEN];
         carrier.reader.read_exact(&mut b).await?;
         Ok(Attached::decode(&b)?)
