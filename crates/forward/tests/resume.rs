@@ -419,6 +419,29 @@ async fn forged_resumes_are_refused_and_the_real_session_is_unharmed() {
         Attached::Refused(Refusal::Unknown)
     );
     wait_log("resume refused: no session").await;
+    // The right key and the real secret, but an offset beyond what the
+    // server ever sent; then the same attempt number again.
+    let (secret, _) = client.session().resume_secret_for_tests().unwrap();
+    let beyond = 1 << 40;
+    let honest = |attempt: u64| Attach::Resume {
+        id,
+        attempt,
+        received: beyond,
+        proof: longhaul_proto::resume::proof(&secret, &id, attempt, beyond),
+        replay_limit: 1 << 20,
+    };
+    let mut c = dial_raw(&url, tls_as(&alice)).await;
+    assert_eq!(
+        within(10, raw_attach(&mut c, honest(5000))).await,
+        Attached::Refused(Refusal::BadOffset)
+    );
+    wait_log("is possible").await;
+    let mut c = dial_raw(&url, tls_as(&alice)).await;
+    assert_eq!(
+        within(10, raw_attach(&mut c, honest(5000))).await,
+        Attached::Refused(Refusal::Denied)
+    );
+    wait_log("was already used").await;
     // The real session never noticed.
     echo_ok(fwd_addr).await;
     let s = client.session();

@@ -352,6 +352,13 @@ impl SessionHandle {
         self.shared.link().map(|l| l.id)
     }
 
+    /// The session's secret and last attempt number: what a client needs to
+    /// resume it. For tests that play a client forging resumes.
+    #[doc(hidden)]
+    pub fn resume_secret_for_tests(&self) -> Option<(longhaul_proto::resume::Secret, u64)> {
+        self.shared.link().map(|l| (l.secret.clone(), l.attempt))
+    }
+
     /// Whether the session has no carrier now (waiting for a resume).
     pub fn is_detached(&self) -> bool {
         *self.shared.detached_tx.borrow()

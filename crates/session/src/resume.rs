@@ -136,7 +136,12 @@ pub(crate) async fn resume_client(
     }
     let ask = {
         let mut l = shared.link().ok_or(SessionError::NoResume)?;
-        l.attempt += 1;
+        // Increasing, and ahead of any number used before by this client
+        // even if it lost count: milliseconds since the epoch.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        l.attempt = (l.attempt + 1).max(now);
         let received = l.rx.received();
         Attach::Resume {
             id: l.id,
@@ -258,6 +263,15 @@ pub(crate) async fn serve_attach(
             }
             if shared.is_dead() {
                 return refuse(carrier, Refusal::Unknown, format!("session {id} ended")).await;
+            }
+            // What we sent only grows: an offset beyond it now never fits,
+            // and is refused before the live carrier is touched.
+            let sent_now = shared.link().map_or(0, |l| l.replay.sent());
+            if received > sent_now {
+                let why = format!(
+                    "session {id}: client has {received} bytes, but only {sent_now} were sent (is possible: ≤ {sent_now})"
+                );
+                return refuse(carrier, Refusal::BadOffset, why).await;
             }
             if !*shared.detached_tx.borrow() {
                 // The client saw its carrier die before we did.
