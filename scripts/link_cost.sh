@@ -3,7 +3,8 @@
 # default) and one without (--no-reconnect: no resume offered), bench tput
 # and bench rr through each, interleaved.
 #   scripts/link_cost.sh [BIN] [ROUNDS]
-B=${1:-/work/main/target/release/longhaul}; R=${2:-3}
+cd "$(dirname "$0")/.."
+B=${1:-target/release/longhaul}; R=${2:-3}
 $B bench server --listen 127.0.0.1:5401 -q 2>/dev/null & BS=$!
 $B server --listen tcp://127.0.0.1:7500 --insecure --allow 127.0.0.1:5401 -q 2>/dev/null & S=$!
 sleep 0.3
