@@ -205,9 +205,9 @@ pub struct SessionArgs {
     /// Time allowed for a carrier's TLS, WebSocket upgrade, authentication and hello.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_delay)]
     pub handshake_timeout: std::time::Duration,
-    /// Close a session with no stream open for this long (0: never).
-    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = parse_delay)]
-    pub idle_timeout: std::time::Duration,
+    /// Close a session with no stream open and no data moving for this long (0: never; default: 1h on a server in native mode, where clients come back on demand; never otherwise).
+    #[arg(long, value_name = "DURATION", value_parser = parse_delay)]
+    pub idle_timeout: Option<std::time::Duration>,
     /// Bytes sent and not yet acknowledged kept for a replay after a carrier drop; the sender waits when it is full (auto: twice this machine's largest TCP send plus receive buffer, 16m to 256m).
     #[arg(long, value_name = "SIZE", default_value = "auto", value_parser = parse_replay_size)]
     pub replay_buffer: u64,
@@ -233,7 +233,9 @@ fn parse_replay_size(s: &str) -> Result<u64, String> {
 }
 
 impl SessionArgs {
-    pub fn config(&self, jmux: bool) -> SessionConfig {
+    /// `idle_default`: the idle timeout when none is given.
+    pub fn config(&self, jmux: bool, idle_default: std::time::Duration) -> SessionConfig {
+        let idle = self.idle_timeout.unwrap_or(idle_default);
         let clamp = |v: u64| v.clamp(16 * 1024, u32::MAX as u64 / 2) as u32;
         SessionConfig {
             mode: if jmux { Mode::Jmux } else { Mode::Native },
@@ -246,7 +248,7 @@ impl SessionArgs {
             handshake_timeout: self
                 .handshake_timeout
                 .max(std::time::Duration::from_millis(100)),
-            idle_timeout: (!self.idle_timeout.is_zero()).then_some(self.idle_timeout),
+            idle_timeout: (!idle.is_zero()).then_some(idle),
             replay_limit: self.replay_buffer as usize,
             resume_timeout: self.resume_timeout,
             dead_after: self.dead_after.max(std::time::Duration::from_secs(1)),

@@ -159,6 +159,9 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
     }
 }
 
+/// A server's default `--idle-timeout` in native mode.
+const SERVER_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
 async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     use anyhow::Context;
     let mut cfg = ServerConfig {
@@ -167,7 +170,14 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     };
     cfg.rules = a.rules();
     cfg.bind_rules = a.bind_rules();
-    cfg.session = a.session.config(a.jmux);
+    // Idle sessions cost the server a slot; native clients come back on
+    // demand (JMUX peers would not), so the server closes them after 1 h.
+    let idle = if a.jmux || a.stdio {
+        std::time::Duration::ZERO
+    } else {
+        SERVER_IDLE_TIMEOUT
+    };
+    cfg.session = a.session.config(a.jmux, idle);
     cfg.max_sessions = a.max_sessions;
     cfg.congestion = a.session.congestion.clone();
     if cfg.rules.is_empty() {
@@ -248,7 +258,7 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     cfg.remote = a.remote.clone();
     cfg.socks = a.socks.clone();
     cfg.http = a.http_proxy.clone();
-    cfg.session = a.session.config(a.jmux);
+    cfg.session = a.session.config(a.jmux, std::time::Duration::ZERO);
     cfg.congestion = a.session.congestion.clone();
     cfg.reconnect = !a.no_reconnect;
     if cfg.local.is_empty() && cfg.remote.is_empty() && cfg.socks.is_empty() && cfg.http.is_empty()

@@ -210,8 +210,9 @@ enum Kind {
 async fn accept_loop(
     listener: TcpListener,
     kind: Kind,
-    current: watch::Receiver<SessionHandle>,
+    mut current: watch::Receiver<SessionHandle>,
     mut ended: watch::Receiver<Option<String>>,
+    demand: Arc<tokio::sync::Notify>,
 ) {
     let what = match &kind {
         Kind::Local(dest) => format!("-L to {dest}"),
@@ -226,6 +227,17 @@ async fn accept_loop(
             a = accept_with_backoff(&listener, &what) => a,
             _ = ended.wait_for(|e| e.is_some()) => return,
         };
+        // No session (the server closed an idle one, or one is being
+        // replaced): ask for a new one and wait for it, as long as an OPEN
+        // would wait.
+        let deadline = tokio::time::Instant::now() + OPEN_WAIT;
+        while current.borrow_and_update().is_closed() {
+            demand.notify_one();
+            match tokio::time::timeout_at(deadline, current.changed()).await {
+                Ok(Ok(())) => {}
+                _ => break,
+            }
+        }
         let session = current.borrow().clone();
         match &kind {
             Kind::Local(dest) => {
@@ -268,6 +280,9 @@ async fn dial(config: &ClientConfig) -> anyhow::Result<longhaul_carrier::Carrier
     }
     Ok(carrier)
 }
+
+/// How long a new local connection waits for a session to exist.
+const OPEN_WAIT: Duration = Duration::from_secs(30);
 
 /// A new session with the server.
 async fn establish(
@@ -344,6 +359,7 @@ async fn supervise(
     ended: watch::Sender<Option<String>>,
     mut stop: watch::Receiver<bool>,
     remote_ports: Vec<u16>,
+    demand: Arc<tokio::sync::Notify>,
 ) {
     let url = &config.server;
     loop {
@@ -426,6 +442,21 @@ async fn supervise(
             }
             if !session.is_closed() {
                 continue;
+            }
+        } else if session.ended_by_peer() && config.remote.is_empty() {
+            // Closed on purpose (the server's idle timeout, or its
+            // shutdown): nothing needs a session until a local connection
+            // comes, and no -R waits for the server's side.
+            let why = session.close_reason().unwrap_or_default();
+            tracing::info!(
+                "{url} ended the session ({why}); a new one starts with the next connection"
+            );
+            tokio::select! {
+                _ = demand.notified() => {}
+                _ = stop.wait_for(|s| *s) => {
+                    ended.send_replace(Some("client stopped".into()));
+                    return;
+                }
             }
         } else {
             let why = session.close_reason().unwrap_or_default();
@@ -520,8 +551,15 @@ impl Client {
         let (current_tx, current) = watch::channel(session);
         let (ended_tx, ended) = watch::channel(None);
         let (stop, stop_rx) = watch::channel(false);
+        let demand = Arc::new(tokio::sync::Notify::new());
         for (lst, kind) in listeners {
-            tokio::spawn(accept_loop(lst, kind, current.clone(), ended.clone()));
+            tokio::spawn(accept_loop(
+                lst,
+                kind,
+                current.clone(),
+                ended.clone(),
+                demand.clone(),
+            ));
         }
         tokio::spawn(supervise(
             Arc::new(config),
@@ -530,6 +568,7 @@ impl Client {
             ended_tx,
             stop_rx,
             remote_ports.clone(),
+            demand,
         ));
         Ok(Client {
             current,

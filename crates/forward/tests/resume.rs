@@ -535,3 +535,34 @@ async fn a_peer_that_never_acknowledges_gets_no_more_than_the_replay_bound() {
     );
     reading.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_idle_close_the_client_comes_back_on_demand() {
+    logs();
+    let echo = echo_server().await;
+    let server_session = SessionConfig {
+        idle_timeout: Some(Duration::from_secs(1)),
+        ..SessionConfig::default()
+    };
+    let server = plain_server(
+        server_session,
+        Rules::new(vec![echo.to_string().parse().unwrap()], false),
+        BindRules::default(),
+    )
+    .await;
+    let mut cfg = client_config(server);
+    cfg.local = vec![fwd("127.0.0.1", echo.port())];
+    let client = Client::start(cfg).await.unwrap();
+    let first = client.session().resume_id();
+    echo_ok(client.local_addrs[0]).await;
+    // Idle: the server ends the session on purpose, and the client does
+    // not dial again while nothing asks for it.
+    wait_log("a new one starts with the next connection").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(client.session().is_closed(), "reconnected without demand");
+    // A new connection brings a new session, and is served by it.
+    echo_ok(client.local_addrs[0]).await;
+    let s = client.session();
+    assert!(!s.is_closed());
+    assert_ne!(s.resume_id(), first);
+}

@@ -64,8 +64,8 @@ pub struct SessionConfig {
     /// Time allowed for an OPEN to be answered. Default 30 s.
     pub open_timeout: Duration,
     /// Close the session after this long with no stream open and no data
-    /// moving. Default: never (a client has no reconnect yet, so an idle
-    /// `-L` would otherwise be cut).
+    /// moving. Default here: never; the `longhaul server` command sets 1 h
+    /// in native mode (its clients come back on demand).
     pub idle_timeout: Option<Duration>,
     /// Lower bound on the RTT used to decide window growth, so that windows
     /// still grow on sub-millisecond paths where the pipeline, not the wire,

@@ -223,6 +223,9 @@ pub(crate) fn build(
         house.abort();
         let (reader, writer) = {
             let mut slot = sh.slot();
+            // The probe holds a duplicate of the carrier's socket: the
+            // socket closes only once it is gone too.
+            slot.probe = None;
             (slot.reader.take(), slot.writer.take())
         };
         if let Some(r) = reader {
@@ -357,6 +360,14 @@ impl SessionHandle {
     #[doc(hidden)]
     pub fn resume_secret_for_tests(&self) -> Option<(longhaul_proto::resume::Secret, u64)> {
         self.shared.link().map(|l| (l.secret.clone(), l.attempt))
+    }
+
+    /// Whether the peer ended the session on purpose (its idle timeout, a
+    /// shutdown) rather than losing it.
+    pub fn ended_by_peer(&self) -> bool {
+        self.shared
+            .peer_goodbye
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the session has no carrier now (waiting for a resume).

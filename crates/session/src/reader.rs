@@ -83,6 +83,9 @@ pub(crate) async fn carrier_reader(
                 Ok(Some(Frame::Ack { received })) if link => acked = Some(received),
                 Ok(Some(Frame::Goodbye)) if link => {
                     tracing::info!(peer = %shared.peer, "peer ended the session");
+                    shared
+                        .peer_goodbye
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
                     shared.close("peer ended the session".into());
                     ended = true;
                     break;

@@ -121,6 +121,8 @@ pub(crate) struct Shared {
     pub detached_tx: watch::Sender<bool>,
     /// One attach (resume) at a time.
     pub attach_lock: tokio::sync::Mutex<()>,
+    /// The peer ended the session on purpose (GOODBYE).
+    pub peer_goodbye: std::sync::atomic::AtomicBool,
     pub wake_writer: Notify,
     pub closed_tx: watch::Sender<Option<String>>,
     /// Set once the carrier writer has ended (the carrier is shut down).
@@ -153,6 +155,7 @@ impl Shared {
             role,
             detached_tx: watch::channel(false).0,
             attach_lock: tokio::sync::Mutex::new(()),
+            peer_goodbye: std::sync::atomic::AtomicBool::new(false),
             st: Mutex::new(State {
                 mux,
                 streams: HashMap::new(),

@@ -14,6 +14,8 @@ use tokio::sync::Notify;
 
 use crate::runtime::Shared;
 
+/// How long the GOODBYE of a closing session may wait for the carrier.
+const GOODBYE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 /// Largest batch the writer hands to one vectored write.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
 /// Batch size while the carrier is backed up (its last write was partial):
@@ -49,6 +51,16 @@ pub(crate) async fn carrier_writer(
     };
     match end {
         Some(End::Closed) => {
+            if shared.link.is_some() {
+                // However the session ended here (shutdown, idle timeout, a
+                // violation), the peer must not wait for a resume.
+                let bye = Frame::Goodbye.to_bytes().expect("an empty frame");
+                let _ = tokio::time::timeout(GOODBYE_GRACE, async {
+                    w.write_all(&bye).await?;
+                    w.flush().await
+                })
+                .await;
+            }
             let _ = w.shutdown().await;
         }
         Some(End::Failed(why)) => {
@@ -137,13 +149,7 @@ async fn write_loop(
             return End::Closed;
         }
         if let Some(why) = goodbye {
-            // Shutting down, and every CLOSE has been written: tell a
-            // resumable peer not to wait for a resume.
-            if shared.link.is_some() {
-                let bye = Frame::Goodbye.to_bytes().expect("an empty frame");
-                let _ = w.write_all(&bye).await;
-                let _ = w.flush().await;
-            }
+            // Shutting down, and every CLOSE has been written.
             shared.close(why);
             return End::Closed;
         }
