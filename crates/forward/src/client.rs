@@ -424,6 +424,13 @@ async fn supervise(
                         break;
                     }
                     Err(e) => match e.downcast_ref::<SessionError>() {
+                        Some(SessionError::NoResume) => {
+                            tracing::warn!(
+                                "{url} no longer offers session resume: the session's streams are reset, starting a new session"
+                            );
+                            session.close("the server no longer offers resume");
+                            break;
+                        }
                         Some(SessionError::ResumeRefused(r)) => {
                             tracing::warn!(
                                 "{url} refused to resume the session ({}): its streams are reset, starting a new session",

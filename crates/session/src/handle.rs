@@ -119,7 +119,9 @@ pub(crate) async fn hello_then(
     Ok(Negotiated {
         extensions: n.features & handshake::FEATURE_PING != 0,
         frame_limit: n.max_frame,
-        resume: n.features & handshake::FEATURE_RESUME != 0,
+        // The link layer's frames are extensions: resume needs them.
+        resume: n.features & handshake::FEATURE_RESUME != 0
+            && n.features & handshake::FEATURE_PING != 0,
     })
 }
 

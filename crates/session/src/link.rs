@@ -155,6 +155,9 @@ impl Shared {
             resend,
         )));
         slot.stop = Some(stop);
+        // Under the slot's lock, so that a failure of this very carrier
+        // (which takes the lock) is published after this, never before.
+        self.detached_tx.send_replace(false);
     }
 
     /// The carrier of generation `gen` failed. A resumable session is
@@ -180,6 +183,7 @@ impl Shared {
             if let Some(s) = &slot.stop {
                 s.notify_one();
             }
+            self.detached_tx.send_replace(true);
         }
         self.with(|m, now| m.set_attached(false, now));
         let (held, sent) = self
@@ -192,7 +196,6 @@ impl Shared {
             sent,
             "carrier lost ({why}); the session is kept for a resume"
         );
-        self.detached_tx.send_replace(true);
         if self.role == Role::Server {
             let shared = self.clone();
             let grace = self.config.resume_timeout;
@@ -211,22 +214,33 @@ impl Shared {
         }
     }
 
-    /// Stops the current carrier, if any, and waits until its tasks are
-    /// gone: what the writer had not started is saved, and nothing more is
-    /// counted as received.
-    pub(crate) async fn stop_carrier(self: &Arc<Self>, why: &str) {
+    /// Stops the current carrier, if any (a detached session's last one
+    /// may still be finishing), and waits until its tasks are gone: what
+    /// the writer had not started is saved, and nothing more is counted as
+    /// received. Called before every resume, so the old carrier's tasks
+    /// never overlap the new one's. A writer that does not stop in time
+    /// would take frames with it: the session is closed instead.
+    pub(crate) async fn stop_carrier(self: &Arc<Self>, why: &str) -> Result<(), String> {
         let gen = self.slot().gen;
         self.carrier_failed(gen, why.to_owned());
         let (reader, writer) = {
             let mut slot = self.slot();
             (slot.reader.take(), slot.writer.take())
         };
-        for task in [reader, writer].into_iter().flatten() {
-            let abort = task.abort_handle();
-            if tokio::time::timeout(STOP_GRACE, task).await.is_err() {
+        if let Some(r) = reader {
+            // Aborted by `carrier_failed`; wait until it really ended.
+            let _ = tokio::time::timeout(STOP_GRACE, r).await;
+        }
+        if let Some(w) = writer {
+            let abort = w.abort_handle();
+            if tokio::time::timeout(STOP_GRACE, w).await.is_err() {
                 abort.abort();
+                let why = "the old carrier's writer did not stop".to_string();
+                self.close(why.clone());
+                return Err(why);
             }
         }
+        Ok(())
     }
 
     /// Attaches a new carrier to a detached session after the resume
@@ -249,8 +263,9 @@ impl Shared {
             (resend, bytes)
         };
         self.with(|m, now| m.set_attached(true, now));
+        // A silence found on the old carrier is not this one's.
+        let _ = self.take_silent();
         self.spawn_carrier(carrier, limits, resend);
-        self.detached_tx.send_replace(false);
         tracing::info!(
             peer = %self.peer,
             outage = ?outage.unwrap_or_default(),

@@ -130,10 +130,12 @@ pub(crate) async fn resume_client(
     }
     let config = &shared.config;
     let _attaching = shared.attach_lock.lock().await;
-    if !*shared.detached_tx.borrow() {
-        // Still attached (the old carrier died without a sign yet).
-        shared.stop_carrier("replaced by a new carrier").await;
-    }
+    // The old carrier may still be attached (it died without a sign yet),
+    // or its tasks still finishing: either way, they end first.
+    shared
+        .stop_carrier("replaced by a new carrier")
+        .await
+        .map_err(SessionError::Closed)?;
     let ask = {
         let mut l = shared.link().ok_or(SessionError::NoResume)?;
         // Increasing, and ahead of any number used before by this client
@@ -195,13 +197,17 @@ pub(crate) async fn serve_attach(
     })
     .await?;
     let from = carrier.peer.clone();
+    let limit = config.handshake_timeout;
     let refuse = |mut carrier: Carrier, r: Refusal, why: String| async move {
         tracing::warn!(peer = %from, "resume refused: {why}");
-        let _ = carrier
-            .writer
-            .write_all(&Attached::Refused(r).encode())
-            .await;
-        let _ = carrier.writer.flush().await;
+        let _ = tokio::time::timeout(limit, async {
+            carrier
+                .writer
+                .write_all(&Attached::Refused(r).encode())
+                .await?;
+            carrier.writer.flush().await
+        })
+        .await;
         Err(SessionError::ResumeRefused(r))
     };
     match ask {
@@ -273,9 +279,10 @@ pub(crate) async fn serve_attach(
                 );
                 return refuse(carrier, Refusal::BadOffset, why).await;
             }
-            if !*shared.detached_tx.borrow() {
-                // The client saw its carrier die before we did.
-                shared.stop_carrier("replaced by a resumed carrier").await;
+            // The client may have seen its carrier die before we did; and
+            // the old carrier's tasks end before anything is counted.
+            if let Err(why) = shared.stop_carrier("replaced by a resumed carrier").await {
+                return refuse(carrier, Refusal::Unknown, why).await;
             }
             let (sent, acked, ours) = {
                 let l = shared.link().expect("checked above");

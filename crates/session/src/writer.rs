@@ -53,9 +53,13 @@ pub(crate) async fn carrier_writer(
         Some(End::Closed) => {
             if shared.link.is_some() {
                 // However the session ended here (shutdown, idle timeout, a
-                // violation), the peer must not wait for a resume.
+                // violation), the peer must not wait for a resume. A frame
+                // cut short by the close is finished first, or the GOODBYE
+                // would land inside it.
                 let bye = Frame::Goodbye.to_bytes().expect("an empty frame");
+                let rest: Vec<OutFrame> = batch.drain(..).take_while(|f| f.started).collect();
                 let _ = tokio::time::timeout(GOODBYE_GRACE, async {
+                    write_frames(&mut w, rest).await?;
                     w.write_all(&bye).await?;
                     w.flush().await
                 })
