@@ -295,6 +295,30 @@ mod tests {
         assert_eq!(Attach::decode(&bad), Err(ResumeError::BadMagic));
     }
 
+    proptest::proptest! {
+        /// Whatever a peer sends where an attach message belongs decodes
+        /// to an error or to a message that encodes back the same.
+        #[test]
+        fn any_bytes_decode_without_panic(
+            a in proptest::collection::vec(proptest::prelude::any::<u8>(), ATTACH_LEN),
+            b in proptest::collection::vec(proptest::prelude::any::<u8>(), ATTACHED_LEN),
+            magic in proptest::prelude::any::<bool>(),
+        ) {
+            let mut a: [u8; ATTACH_LEN] = a.try_into().unwrap();
+            let mut b: [u8; ATTACHED_LEN] = b.try_into().unwrap();
+            if magic {
+                a[..4].copy_from_slice(MAGIC);
+                b[..4].copy_from_slice(MAGIC);
+            }
+            if let Ok(m) = Attach::decode(&a) {
+                proptest::prop_assert_eq!(Attach::decode(&m.encode()), Ok(m));
+            }
+            if let Ok(m) = Attached::decode(&b) {
+                proptest::prop_assert_eq!(Attached::decode(&m.encode()), Ok(m));
+            }
+        }
+    }
+
     #[test]
     fn a_proof_is_bound_to_secret_id_attempt_and_offset() {
         let id = SessionId([1; 16]);
