@@ -374,11 +374,13 @@ async fn supervise(
         }
         let detached = tokio::select! {
             d = session.detached() => d,
-            _ = stop.wait_for(|s| *s) => {
-                ended.send_replace(Some("client stopped".into()));
-                return;
-            }
+            _ = stop.wait_for(|s| *s) => false,
         };
+        if *stop.borrow() {
+            // `Client::stop` closed the session: not a loss to repair.
+            ended.send_replace(Some("client stopped".into()));
+            return;
+        }
         let mut backoff = Backoff::new();
         if detached {
             let lost = Instant::now();
