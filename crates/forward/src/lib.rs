@@ -6,7 +6,8 @@
 //! * [`spec`] — ssh-style `-L`/`-R`/`-D` argument parsing;
 //! * [`server`] — accepts carriers and connects allowed targets;
 //! * [`client`] — local forwards, reverse forwards, SOCKS5 and HTTP CONNECT
-//!   listeners over one session.
+//!   listeners over one session; `reconnect` keeps that session alive
+//!   across carrier drops.
 #![forbid(unsafe_code)]
 
 pub mod auth;
@@ -14,6 +15,7 @@ pub mod client;
 pub mod connect;
 pub mod http_connect;
 pub mod known_hosts;
+mod reconnect;
 pub mod rules;
 pub mod server;
 pub mod socks5;

@@ -240,3 +240,41 @@ pub fn never_reading_target(backlog: i32) -> SocketAddr {
     });
     addr
 }
+
+/// Sends a raw attach message after the hello, on a carrier that passed
+/// the server's authentication; returns the server's answer.
+pub async fn raw_attach(
+    carrier: &mut longhaul_carrier::Carrier,
+    ask: longhaul_proto::resume::Attach,
+) -> longhaul_proto::resume::Attached {
+    use longhaul_proto::handshake::{Hello, FEATURE_RESUME, HELLO_LEN};
+    use longhaul_proto::resume::{Attached, ATTACHED_LEN};
+    let mut hello = Hello::ours(u16::MAX);
+    hello.features |= FEATURE_RESUME;
+    carrier.writer.write_all(&hello.encode()).await.unwrap();
+    carrier.writer.write_all(&ask.encode()).await.unwrap();
+    carrier.writer.flush().await.unwrap();
+    let mut h = [0u8; HELLO_LEN];
+    carrier.reader.read_exact(&mut h).await.unwrap();
+    let mut b = [0u8; ATTACHED_LEN];
+    carrier.reader.read_exact(&mut b).await.unwrap();
+    Attached::decode(&b).unwrap()
+}
+
+/// Dials `url` as a client would and sends the empty authentication
+/// preamble: a carrier ready for the hello.
+pub async fn dial_raw(
+    url: &str,
+    tls: Option<Arc<rustls::ClientConfig>>,
+) -> longhaul_carrier::Carrier {
+    let opts = longhaul_carrier::DialOptions {
+        tls,
+        congestion: None,
+    };
+    let mut c = longhaul_carrier::dial(&url.parse().unwrap(), &opts)
+        .await
+        .unwrap();
+    let p = longhaul_forward::auth::preamble(None).unwrap();
+    c.writer.write_all(&p).await.unwrap();
+    c
+}

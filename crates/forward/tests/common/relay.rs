@@ -92,48 +92,37 @@ async fn pair(a: TcpStream, b: TcpStream, mut kill: watch::Receiver<u64>, silent
     // Whenever the pair is dropped, both ends see a reset, not an end.
     reset(&a);
     reset(&b);
-    let (mut ar, mut aw) = a.into_split();
-    let (mut br, mut bw) = b.into_split();
-    let s1 = silent.clone();
-    let copy = async move {
-        let up = async {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = match ar.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                while s1.load(Ordering::SeqCst) {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                if bw.write_all(&buf[..n]).await.is_err() {
-                    break;
-                }
-            }
-            let _ = bw.shutdown().await;
-        };
-        let down = async {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = match br.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                while silent.load(Ordering::SeqCst) {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                if aw.write_all(&buf[..n]).await.is_err() {
-                    break;
-                }
-            }
-            let _ = aw.shutdown().await;
-        };
-        tokio::join!(up, down);
-        (ar, aw, br, bw)
+    let (ar, aw) = a.into_split();
+    let (br, bw) = b.into_split();
+    let copy = async {
+        tokio::join!(one_way(ar, bw, &silent), one_way(br, aw, &silent));
     };
     let start = *kill.borrow_and_update();
     tokio::select! {
         _ = copy => {}
         _ = kill.wait_for(|k| *k != start) => {}
     }
+}
+
+/// Copies one direction, holding bytes while the path is silent; passes the
+/// end of data on.
+async fn one_way(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    silent: &AtomicBool,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        while silent.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
 }

@@ -1,0 +1,255 @@
+//! Keeping a client's session alive: dialling again when the carrier
+//! drops, resuming the session or starting a new one, and the wait between
+//! attempts.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context};
+use longhaul_proto::frame::format_dest;
+use longhaul_session::{Session, SessionError, SessionHandle};
+use rand::Rng;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
+
+use crate::client::{connect, ClientAcceptor, ClientConfig};
+
+/// Dials the server and authenticates: a carrier ready for the hello.
+pub(crate) async fn dial(config: &ClientConfig) -> anyhow::Result<longhaul_carrier::Carrier> {
+    let url = &config.server;
+    let mut carrier = connect(config).await?;
+    if config.session.mode == longhaul_session::Mode::Native {
+        let p = crate::auth::preamble(config.token.as_deref()).map_err(|e| anyhow!(e))?;
+        carrier
+            .writer
+            .write_all(&p)
+            .await
+            .with_context(|| format!("cannot authenticate to {url}"))?;
+    }
+    Ok(carrier)
+}
+
+/// A new session with the server.
+pub(crate) async fn establish(
+    config: &ClientConfig,
+    acceptor: Arc<ClientAcceptor>,
+) -> anyhow::Result<SessionHandle> {
+    let url = &config.server;
+    let carrier = dial(config).await?;
+    Session::start(carrier, config.session.clone(), acceptor)
+        .await
+        .with_context(|| {
+            format!("session with {url} failed (a server that closes at once did not accept our key or token)")
+        })
+}
+
+/// Waits between reconnection attempts. The first comes at once (a reset
+/// carrier is usually back on the next dial); then every ≈ 100 ms for the
+/// first few seconds, so that a short outage costs little more than itself;
+/// then doubling up to a cap. ±25 % jitter, so that many clients cut off at
+/// once do not all come back in the same instant.
+struct Backoff {
+    started: Instant,
+    attempts: u32,
+    slow: Duration,
+}
+
+/// Retries this often during the first [`RECONNECT_FAST_FOR`].
+const RECONNECT_FAST: Duration = Duration::from_millis(100);
+const RECONNECT_FAST_FOR: Duration = Duration::from_secs(5);
+/// Longest wait between attempts.
+pub const RECONNECT_MAX: Duration = Duration::from_secs(10);
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff {
+            started: Instant::now(),
+            attempts: 0,
+            slow: RECONNECT_FAST * 2,
+        }
+    }
+
+    /// A failed attempt: logged at the 1st, 2nd, 4th, 8th… (the rest at
+    /// debug level), so a long outage does not flood the log.
+    fn log(&self, what: &str) {
+        if self.attempts.is_power_of_two() {
+            tracing::warn!(attempt = self.attempts, "{what}");
+        } else {
+            tracing::debug!(attempt = self.attempts, "{what}");
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        self.attempts += 1;
+        let d = if self.attempts == 1 {
+            return Duration::ZERO;
+        } else if self.started.elapsed() < RECONNECT_FAST_FOR {
+            RECONNECT_FAST
+        } else {
+            let d = self.slow;
+            self.slow = (self.slow * 2).min(RECONNECT_MAX);
+            d
+        };
+        d.mul_f64(rand::thread_rng().gen_range(0.75..1.25))
+    }
+}
+
+/// Keeps the client's session alive: resumes it on a new carrier when the
+/// old one drops, and starts a fresh one when the server refuses the
+/// resume or ends the session.
+pub(crate) async fn supervise(
+    config: Arc<ClientConfig>,
+    acceptor: Arc<ClientAcceptor>,
+    current: watch::Sender<SessionHandle>,
+    ended: watch::Sender<Option<String>>,
+    mut stop: watch::Receiver<bool>,
+    remote_ports: Vec<u16>,
+    demand: Arc<tokio::sync::Notify>,
+) {
+    let url = &config.server;
+    loop {
+        let session = current.borrow().clone();
+        if !config.reconnects() {
+            let why = tokio::select! {
+                why = session.closed() => why,
+                _ = stop.wait_for(|s| *s) => "client stopped".into(),
+            };
+            ended.send_replace(Some(why));
+            return;
+        }
+        let detached = tokio::select! {
+            d = session.detached() => d,
+            _ = stop.wait_for(|s| *s) => false,
+        };
+        if *stop.borrow() {
+            // `Client::stop` closed the session: not a loss to repair.
+            ended.send_replace(Some("client stopped".into()));
+            return;
+        }
+        let mut backoff = Backoff::new();
+        if detached {
+            let lost = Instant::now();
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.next()) => {}
+                    _ = stop.wait_for(|s| *s) => {
+                        session.close("client stopped");
+                        ended.send_replace(Some("client stopped".into()));
+                        return;
+                    }
+                }
+                if session.is_closed() {
+                    break;
+                }
+                if lost.elapsed() > config.session.resume_timeout {
+                    // The server has given the session up by now too.
+                    tracing::warn!(
+                        "no carrier to {url} for {:?} (--resume-timeout): the session's streams are reset, starting a new session",
+                        lost.elapsed()
+                    );
+                    session.close("not resumed within the resume timeout");
+                    break;
+                }
+                let attempt = async {
+                    let carrier = dial(&config).await?;
+                    session.resume(carrier).await.map_err(anyhow::Error::from)
+                };
+                // A dial into a black hole must not hold up the next one.
+                let limit = config.session.handshake_timeout;
+                let attempt = async {
+                    tokio::time::timeout(limit, attempt)
+                        .await
+                        .unwrap_or_else(|_| Err(anyhow!("no answer within {limit:?}")))
+                };
+                match attempt.await {
+                    Ok(replayed) => {
+                        tracing::info!(
+                            outage = ?lost.elapsed(),
+                            replayed,
+                            "carrier to {url} back: session resumed, no stream lost"
+                        );
+                        break;
+                    }
+                    Err(e) => match e.downcast_ref::<SessionError>() {
+                        Some(SessionError::NoResume) => {
+                            tracing::warn!(
+                                "{url} no longer offers session resume: the session's streams are reset, starting a new session"
+                            );
+                            session.close("the server no longer offers resume");
+                            break;
+                        }
+                        Some(SessionError::ResumeRefused(r)) => {
+                            tracing::warn!(
+                                "{url} refused to resume the session ({}): its streams are reset, starting a new session",
+                                r.as_str()
+                            );
+                            session.close(&format!("resume refused: {}", r.as_str()));
+                            break;
+                        }
+                        Some(SessionError::Closed(why)) => {
+                            session.close(why);
+                            break;
+                        }
+                        _ => backoff.log(&format!("reconnecting to {url}: {e:#}")),
+                    },
+                }
+            }
+            if !session.is_closed() {
+                continue;
+            }
+        } else if session.ended_by_peer() && config.remote.is_empty() {
+            // Closed on purpose (the server's idle timeout, or its
+            // shutdown): nothing needs a session until a local connection
+            // comes, and no -R waits for the server's side.
+            let why = session.close_reason().unwrap_or_default();
+            tracing::info!(
+                "{url} ended the session ({why}); a new one starts with the next connection"
+            );
+            tokio::select! {
+                _ = demand.notified() => {}
+                _ = stop.wait_for(|s| *s) => {
+                    ended.send_replace(Some("client stopped".into()));
+                    return;
+                }
+            }
+        } else {
+            let why = session.close_reason().unwrap_or_default();
+            tracing::warn!("session with {url} ended ({why}); starting a new one");
+        }
+        // A fresh session: the old one's streams were reset.
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(backoff.next()) => {}
+                _ = stop.wait_for(|s| *s) => {
+                    ended.send_replace(Some("client stopped".into()));
+                    return;
+                }
+            }
+            match establish(&config, acceptor.clone()).await {
+                Ok(s) => {
+                    tracing::info!("new session with {url}");
+                    rebind(&config, &s, &remote_ports).await;
+                    current.send_replace(s);
+                    break;
+                }
+                Err(e) => backoff.log(&format!("reconnecting to {url}: {e:#}")),
+            }
+        }
+    }
+}
+
+/// Asks a fresh session for the reverse forwards again, on the ports the
+/// first session got.
+async fn rebind(config: &ClientConfig, session: &SessionHandle, ports: &[u16]) {
+    for (r, &port) in config.remote.iter().zip(ports) {
+        let dest = format_dest(&r.host, r.host_port);
+        let bind = match r.bind_addr().rsplit_once(':') {
+            Some((host, _)) => format!("{host}:{port}"),
+            None => port.to_string(),
+        };
+        match session.bind(&bind, &dest).await {
+            Ok(p) => tracing::info!("-R {}:{p} -> {}:{} open again", r.bind, r.host, r.host_port),
+            Err(e) => tracing::error!("server refused -R {bind} on the new session: {e}"),
+        }
+    }
+}
