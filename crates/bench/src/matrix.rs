@@ -285,6 +285,7 @@ async fn run_inner(a: &MatrixOptions) -> anyhow::Result<()> {
             delay_us: delay.as_micros() as u64,
             rate_bps: a.rate,
             loss: a.loss,
+            loss_back: None,
             queue_bytes: None,
             tcp_buffer_max: a.tcp_buffers,
         };

@@ -54,6 +54,10 @@ pub type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
 pub trait PathProbe: Send + Sync {
     fn rtt(&self) -> Option<Duration>;
     fn retune(&self) {}
+    /// What TCP_INFO says of the path, where there is a TCP socket.
+    fn path(&self) -> Option<TcpPath> {
+        None
+    }
 }
 
 /// Writes straight to the carrier's socket, bypassing the async runtime's
@@ -101,6 +105,10 @@ struct TcpProbe {
 impl PathProbe for TcpProbe {
     fn rtt(&self) -> Option<Duration> {
         tcp_rtt(&self.sock)
+    }
+
+    fn path(&self) -> Option<TcpPath> {
+        tcp_path(&self.sock)
     }
 
     fn retune(&self) {

@@ -13,6 +13,9 @@ pub struct TcpPath {
     pub rtt: Option<Duration>,
     /// Recent delivery rate in bytes per second (TCP_INFO.tcpi_delivery_rate).
     pub delivery_rate: u64,
+    /// Segments retransmitted over the connection's life
+    /// (TCP_INFO.tcpi_total_retrans).
+    pub retransmits: u32,
 }
 
 /// Smoothed RTT of a TCP socket as the kernel sees it.
@@ -47,6 +50,7 @@ pub fn tcp_path(sock: &socket2::Socket) -> Option<TcpPath> {
         Some(TcpPath {
             rtt: (info.tcpi_rtt != 0).then(|| Duration::from_micros(info.tcpi_rtt as u64)),
             delivery_rate: info.tcpi_delivery_rate,
+            retransmits: info.tcpi_total_retrans,
         })
     }
     #[cfg(not(target_os = "linux"))]

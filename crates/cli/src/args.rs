@@ -106,9 +106,12 @@ pub enum NetemCmd {
         /// Rate cap, e.g. 1gbit (default: none).
         #[arg(long, value_parser = parse_rate)]
         rate: Option<u64>,
-        /// Random loss, e.g. 0.5% (turns GSO offload off so loss hits single packets).
+        /// Random loss, e.g. 0.5%, each way (turns GSO offload off so loss hits single packets).
         #[arg(long, value_parser = parse_loss, default_value = "0")]
         loss: f64,
+        /// Random loss b→a when it differs from a→b (then --loss is a→b only).
+        #[arg(long, value_name = "LOSS", value_parser = parse_loss)]
+        loss_back: Option<f64>,
         /// Tail-drop queue in bytes (default: one BDP at the rate cap).
         #[arg(long, value_name = "SIZE", value_parser = parse_size)]
         queue: Option<u64>,
@@ -264,8 +267,41 @@ impl SessionArgs {
 fn parse_listen_url(s: &str) -> Result<ListenUrl, String> {
     s.parse()
 }
-fn parse_carrier_url(s: &str) -> Result<CarrierUrl, String> {
-    s.parse()
+/// The client's server address, with its options (`?stripes=K`).
+#[derive(Debug, Clone)]
+pub struct ServerUrl {
+    pub url: CarrierUrl,
+    pub stripes: Option<u8>,
+}
+
+fn parse_server_url(s: &str) -> Result<ServerUrl, String> {
+    let (base, query) = match s.split_once('?') {
+        Some((b, q)) if !s.starts_with("cmd://") => (b, Some(q)),
+        _ => (s, None),
+    };
+    let url: CarrierUrl = base.parse()?;
+    let mut stripes = None;
+    for kv in query.into_iter().flat_map(|q| q.split('&')) {
+        match kv.split_once('=') {
+            Some(("stripes", k)) => stripes = Some(parse_stripes(k)?),
+            _ => {
+                return Err(format!(
+                    "unknown option '{kv}' in the server address; the one option is ?stripes=K"
+                ))
+            }
+        }
+    }
+    Ok(ServerUrl { url, stripes })
+}
+
+fn parse_stripes(k: &str) -> Result<u8, String> {
+    let max = longhaul_session::MAX_LANES;
+    match k.parse::<u8>() {
+        Ok(n) if (1..=max as u8).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "stripes={k}: give a number of lanes from 1 to {max}"
+        )),
+    }
 }
 fn parse_fingerprint(s: &str) -> Result<Fingerprint, String> {
     s.parse()
@@ -306,6 +342,9 @@ pub struct ServerArgs {
     /// Carriers served at once; a session waiting for its client to resume counts.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_sessions: usize,
+    /// Most lanes one striped session may have (clients asking more get this many).
+    #[arg(long, value_name = "K", default_value = "8", value_parser = parse_stripes)]
+    pub max_stripes: u8,
     #[command(flatten)]
     pub session: SessionArgs,
 }
@@ -322,8 +361,12 @@ impl ServerArgs {
 #[derive(Args, Debug)]
 pub struct ClientArgs {
     /// The server: [tls://]HOST:PORT, tcp://HOST:PORT, ws://HOST:PORT/PATH, wss://HOST:PORT/PATH or cmd://COMMAND.
-    #[arg(value_parser = parse_carrier_url)]
-    pub server: CarrierUrl,
+    /// Append ?stripes=K to stripe the session over K connections (or use --stripes).
+    #[arg(value_parser = parse_server_url)]
+    pub server: ServerUrl,
+    /// Stripe the session over K parallel connections to the server (1–16): faster than one on long, lossy or buffer-capped paths.
+    #[arg(long, value_name = "K", value_parser = parse_stripes)]
+    pub stripes: Option<u8>,
     /// Our key (default: ~/.config/longhaul/key if it exists).
     #[arg(long, value_name = "FILE")]
     pub key: Option<std::path::PathBuf>,

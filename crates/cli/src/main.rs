@@ -15,6 +15,7 @@ use clap::Parser;
 
 use args::{BenchCmd, Cli, Cmd, NetemArgs, NetemCmd};
 use longhaul_bench::{rr, server as bench_server, tput};
+use longhaul_carrier::CarrierUrl;
 use longhaul_forward::auth::AuthorizedKeys;
 use longhaul_forward::{Client, ClientConfig, Server, ServerConfig};
 
@@ -179,6 +180,7 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     };
     cfg.session = a.session.config(a.jmux, idle);
     cfg.max_sessions = a.max_sessions;
+    cfg.session.max_stripes = a.max_stripes;
     cfg.congestion = a.session.congestion.clone();
     if cfg.rules.is_empty() {
         tracing::warn!("no --allow rule given: every stream will be refused (add --allow HOST:PORT, or --allow-all)");
@@ -187,7 +189,7 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
         let why = Server::serve_stdio(cfg)
             .await
             .map_err(|e| anyhow::anyhow!(e))?;
-        tracing::info!("stdio session ended: {why}");
+        tracing::info!("stdio {why}");
         return Ok(());
     }
     if let Some(k) = &a.key {
@@ -253,7 +255,16 @@ async fn stop_signal() {
 }
 
 async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
-    let mut cfg = ClientConfig::new(a.server.clone());
+    let stripes = match (a.stripes, a.server.stripes) {
+        (Some(x), Some(y)) if x != y => {
+            anyhow::bail!("--stripes {x} and ?stripes={y} disagree: give the number of lanes once")
+        }
+        (x, y) => x.or(y).unwrap_or(1),
+    };
+    if stripes > 1 && (a.jmux || matches!(a.server.url, CarrierUrl::Cmd { .. })) {
+        anyhow::bail!("striping needs a network carrier (tls://, tcp://, ws://, wss://) in native mode: drop --stripes or ?stripes");
+    }
+    let mut cfg = ClientConfig::new(a.server.url.clone());
     cfg.local = a.local.clone();
     cfg.remote = a.remote.clone();
     cfg.socks = a.socks.clone();
@@ -261,6 +272,7 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     cfg.session = a.session.config(a.jmux, std::time::Duration::ZERO);
     cfg.congestion = a.session.congestion.clone();
     cfg.reconnect = !a.no_reconnect;
+    cfg.session.stripes = stripes;
     if cfg.local.is_empty() && cfg.remote.is_empty() && cfg.socks.is_empty() && cfg.http.is_empty()
     {
         anyhow::bail!("nothing to forward: give at least one of -L, -R, -D or --http-proxy");
@@ -293,7 +305,7 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
         tracing::info!("HTTP CONNECT proxy on {addr}");
     }
     tokio::select! {
-        why = client.wait() => anyhow::bail!("session with {} ended: {why}", a.server),
+        why = client.wait() => anyhow::bail!("session with {} ended: {why}", a.server.url),
         _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted"); Ok(()) }
     }
 }
@@ -305,6 +317,7 @@ fn netem(n: NetemArgs) -> anyhow::Result<()> {
             delay,
             rate,
             loss,
+            loss_back,
             queue,
             tcp_buffers,
         } => {
@@ -313,6 +326,7 @@ fn netem(n: NetemArgs) -> anyhow::Result<()> {
                 delay_us: delay.as_micros() as u64,
                 rate_bps: rate,
                 loss,
+                loss_back,
                 queue_bytes: queue,
                 tcp_buffer_max: tcp_buffers,
             };
@@ -327,10 +341,11 @@ fn netem(n: NetemArgs) -> anyhow::Result<()> {
                 delay * 2,
                 rate.map(|r| format!(", rate {} Mbit/s", r / 1_000_000))
                     .unwrap_or_default(),
-                if loss > 0.0 {
-                    format!(", loss {:.3}%", loss * 100.0)
-                } else {
-                    String::new()
+                match loss_back {
+                    Some(back) =>
+                        format!(", loss {:.3}% a→b, {:.3}% b→a", loss * 100.0, back * 100.0),
+                    None if loss > 0.0 => format!(", loss {:.3}%", loss * 100.0),
+                    None => String::new(),
                 },
             );
             Ok(())
@@ -354,12 +369,13 @@ fn netem(n: NetemArgs) -> anyhow::Result<()> {
             }
             Some(s) => {
                 println!(
-                    "netem '{}' up (pid {}): delay {} µs each way, rate {}, loss {:.3}%, offload {}",
+                    "netem '{}' up (pid {}): delay {} µs each way, rate {}, loss {:.3}% a→b, {:.3}% b→a, offload {}",
                     n.name,
                     s.pid,
                     s.config.delay_us,
                     s.config.rate_bps.map(|r| format!("{} Mbit/s", r / 1_000_000)).unwrap_or("unlimited".into()),
                     s.config.loss * 100.0,
+                    s.config.loss_back.unwrap_or(s.config.loss) * 100.0,
                     s.offload
                 );
                 for (dir, d) in [("a→b", &s.a_to_b), ("b→a", &s.b_to_a)] {

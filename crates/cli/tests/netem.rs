@@ -135,11 +135,30 @@ fn thirty_two_mib_through_a_lossy_wan_arrive_intact() {
     if !root_or_skip("thirty_two_mib_through_a_lossy_wan_arrive_intact") {
         return;
     }
-    let name = "tloss";
+    thirty_two_mib_through("tloss", &["--loss", "1%"], "tcp://198.18.0.2:7000", 1);
+}
+
+#[test]
+fn thirty_two_mib_striped_over_four_lossy_lanes_arrive_intact() {
+    if !root_or_skip("thirty_two_mib_striped_over_four_lossy_lanes_arrive_intact") {
+        return;
+    }
+    thirty_two_mib_through(
+        "tstripe",
+        &["--loss", "1%", "--loss-back", "0.5%"],
+        "tcp://198.18.0.2:7000?stripes=4",
+        4,
+    );
+}
+
+/// 32 MiB from side a to a hashing target on side b through a client and
+/// server over the emulator (20 ms each way, `loss`), over `lanes`
+/// carriers.
+fn thirty_two_mib_through(name: &'static str, loss: &[&str], url: &str, lanes: usize) {
     let _down = Down(name);
-    let (ok, out) = longhaul(&[
-        "netem", "--name", name, "up", "--delay", "20ms", "--loss", "1%",
-    ]);
+    let mut up = vec!["netem", "--name", name, "up", "--delay", "20ms"];
+    up.extend_from_slice(loss);
+    let (ok, out) = longhaul(&up);
     assert!(ok, "{out}");
     // Target on side b: hashes what it receives.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -181,13 +200,7 @@ fn thirty_two_mib_through_a_lossy_wan_arrive_intact() {
     std::thread::sleep(Duration::from_millis(500));
     let _client = ip(
         "a",
-        &[
-            "client",
-            "tcp://198.18.0.2:7000",
-            "--insecure",
-            "-L",
-            "9001:127.0.0.1:9000",
-        ],
+        &["client", url, "--insecure", "-L", "9001:127.0.0.1:9000"],
     );
     let mut data = vec![0u8; 32 << 20];
     rand::thread_rng().fill_bytes(&mut data);
@@ -212,14 +225,24 @@ fn thirty_two_mib_through_a_lossy_wan_arrive_intact() {
         digest
     });
     let digest = sender.join().unwrap();
+    // The carriers the client had open.
+    let ss = Command::new("ip")
+        .args(["netns", "exec", &format!("longhaul-{name}-a"), "ss", "-Htn"])
+        .args(["state", "established", "( dport = :7000 )"])
+        .output()
+        .unwrap();
+    let carriers = String::from_utf8_lossy(&ss.stdout).lines().count();
+    assert_eq!(carriers, lanes, "carriers to the server");
     assert_eq!(target.join().unwrap(), 32 << 20);
     assert_eq!(&digest[..], &want[..], "bytes changed on the way");
     let (_, status) = longhaul(&["netem", "--name", name, "status", "--json"]);
     let st: serde_json::Value = serde_json::from_str(&status).unwrap();
-    assert!(
-        st["a_to_b"]["lost"].as_u64().unwrap() > 0,
-        "the emulator lost nothing: {status}"
-    );
+    for dir in ["a_to_b", "b_to_a"] {
+        assert!(
+            st[dir]["lost"].as_u64().unwrap() > 0,
+            "the emulator lost nothing {dir}: {status}"
+        );
+    }
 }
 
 #[test]

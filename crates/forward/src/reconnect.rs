@@ -36,11 +36,69 @@ pub(crate) async fn establish(
 ) -> anyhow::Result<SessionHandle> {
     let url = &config.server;
     let carrier = dial(config).await?;
-    Session::start(carrier, config.session.clone(), acceptor)
+    let s = Session::start(carrier, config.session.clone(), acceptor)
         .await
         .with_context(|| {
             format!("session with {url} failed (a server that closes at once did not accept our key or token)")
-        })
+        })?;
+    if s.lanes_wanted() > 1 {
+        tokio::spawn(keep_lanes(Arc::new(config.clone()), s.clone()));
+    } else if config.session.stripes > 1 {
+        tracing::warn!("{url} does not stripe sessions: running over one carrier");
+    }
+    Ok(s)
+}
+
+/// Keeps a striped session at its number of lanes: dials the missing ones
+/// (at the start, and whenever one is lost) while the session has at least
+/// one; a session with none is resumed by [`supervise`] first.
+async fn keep_lanes(config: Arc<ClientConfig>, session: SessionHandle) {
+    let url = &config.server;
+    let wanted = session.lanes_wanted();
+    let mut number = 0u8;
+    let mut backoff = Backoff::new();
+    loop {
+        if session.is_closed() {
+            return;
+        }
+        let missing = wanted.saturating_sub(session.lanes());
+        if missing == 0 || session.is_detached() {
+            session.lanes_changed().await;
+            backoff = Backoff::new();
+            continue;
+        }
+        tokio::time::sleep(backoff.next()).await;
+        // Dial the missing lanes at once; join them one by one (each join
+        // proves the session secret with the next attempt number).
+        let mut dials = tokio::task::JoinSet::new();
+        for _ in 0..missing {
+            let c = config.clone();
+            dials.spawn(async move { dial(&c).await });
+        }
+        let limit = config.session.handshake_timeout;
+        while let Some(d) = dials.join_next().await {
+            let carrier = match d {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    backoff.log(&format!("adding a lane to {url}: {e:#}"));
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            number = number.wrapping_add(1);
+            match tokio::time::timeout(limit, session.join_lane(carrier, number)).await {
+                Ok(Ok(())) => tracing::debug!(
+                    lane = number,
+                    lanes = session.lanes(),
+                    "lane to {url} added"
+                ),
+                Ok(Err(e)) => backoff.log(&format!("adding a lane to {url}: {e}")),
+                Err(_) => backoff.log(&format!(
+                    "adding a lane to {url}: no answer within {limit:?}"
+                )),
+            }
+        }
+    }
 }
 
 /// Waits between reconnection attempts. The first comes at once (a reset

@@ -411,7 +411,7 @@ async fn accept_loop(
                 &resumables,
             );
             match served.await {
-                Ok(why) => tracing::info!(%from, "session ended: {why}"),
+                Ok(what) => tracing::info!(%from, "{what}"),
                 Err(e) => tracing::warn!(%from, "{e}"),
             }
         });
@@ -479,9 +479,10 @@ async fn serve_carrier(
             if let (Some(l), Some(id)) = (live, id) {
                 l.remove(id);
             }
-            Ok(why)
+            Ok(format!("session ended: {why}"))
         }
         Ok(Served::Resumed(_)) => Ok("carrier handed to the session it resumed".into()),
+        Ok(Served::Joined(_)) => Ok("carrier added as a lane of a striped session".into()),
         Err(e) => Err(format!("session refused: {e}")),
     }
 }

@@ -47,6 +47,7 @@ async fn a_peer_that_never_acknowledges_gets_no_more_than_the_replay_bound() {
         &mut c,
         Attach::New {
             replay_limit: LIMIT as u32,
+            lanes: 0,
         },
     )
     .await;

@@ -48,7 +48,11 @@ pub struct NetemConfig {
     pub name: String,
     pub delay_us: u64,
     pub rate_bps: Option<u64>,
+    /// Random loss a→b (and b→a unless `loss_back` is given).
     pub loss: f64,
+    /// Random loss b→a, when it differs from a→b.
+    #[serde(default)]
+    pub loss_back: Option<f64>,
     /// Tail-drop queue in bytes (with a rate cap). Default: one BDP
     /// (rate × RTT), at least 64 KiB.
     pub queue_bytes: Option<u64>,
@@ -80,10 +84,18 @@ impl NetemConfig {
         }
     }
 
+    /// The line b→a: the same, but for its own loss rate.
+    fn line_back(&self) -> LineConfig {
+        LineConfig {
+            loss: self.loss_back.unwrap_or(self.loss),
+            ..self.line()
+        }
+    }
+
     /// Offloads (64 KiB GSO packets) make the emulator fast, but loss must
     /// hit single 1500-byte packets to be realistic, so loss turns them off.
     fn offload(&self) -> bool {
-        self.loss == 0.0
+        self.loss == 0.0 && self.loss_back.unwrap_or(0.0) == 0.0
     }
 }
 
@@ -421,9 +433,14 @@ pub fn daemon(cfg: NetemConfig) -> anyhow::Result<()> {
     let epoch = Instant::now();
     let ab = Arc::new(DirStats::default());
     let ba = Arc::new(DirStats::default());
-    let line = cfg.line();
-    forward(ta.try_clone()?, tb.try_clone()?, line, ab.clone(), epoch);
-    forward(tb, ta, line, ba.clone(), epoch);
+    forward(
+        ta.try_clone()?,
+        tb.try_clone()?,
+        cfg.line(),
+        ab.clone(),
+        epoch,
+    );
+    forward(tb, ta, cfg.line_back(), ba.clone(), epoch);
     let pid = std::process::id();
     loop {
         let st = Status {
@@ -582,12 +599,15 @@ mod tests {
             name: "x".into(),
             delay_us: 5_000,
             rate_bps: Some(1_000_000_000),
-            loss: 0.0,
+            loss: 0.01,
+            loss_back: Some(0.0),
             queue_bytes: None,
             tcp_buffer_max: None,
         };
         // 1 Gbit/s × 10 ms RTT = 1.25 MB
         assert_eq!(c.line().queue_bytes, 1_250_000);
+        assert_eq!((c.line().loss, c.line_back().loss), (0.01, 0.0));
+        assert!(!c.offload());
         assert_eq!(c.ns_a(), "longhaul-x-a");
         assert_eq!(ns_name("default", 'b'), "longhaul-b");
     }

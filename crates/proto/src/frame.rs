@@ -41,6 +41,9 @@ pub const T_BIND_FAILURE: u8 = 114;
 pub const T_ACK: u8 = 115;
 /// Link layer: the session is over on purpose; do not wait for a resume.
 pub const T_GOODBYE: u8 = 116;
+/// Link layer, striped sessions only: `len` bytes of the sequenced frame
+/// stream, starting at byte `offset`, follow this header on the lane.
+pub const T_CHUNK: u8 = 117;
 
 /// Why an OPEN (or a BIND) failed. The values are JMUX's, which are SOCKS5's
 /// reply codes, so a SOCKS5 front end can pass them straight through.
@@ -156,6 +159,13 @@ pub enum Frame {
     /// Link layer: the sender ends the session on purpose (after its CLOSEs);
     /// the carrier closing next is not a drop to resume from.
     Goodbye,
+    /// Link layer, on the lanes of a striped session: the next `len` bytes
+    /// on this lane (not part of this frame's size) are the session's
+    /// sequenced bytes from `offset` on. See [`crate::stripe`].
+    Chunk {
+        offset: u64,
+        len: u32,
+    },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -191,6 +201,7 @@ impl Frame {
             Frame::BindFailure { .. } => T_BIND_FAILURE,
             Frame::Ack { .. } => T_ACK,
             Frame::Goodbye => T_GOODBYE,
+            Frame::Chunk { .. } => T_CHUNK,
         }
     }
 
@@ -213,6 +224,7 @@ impl Frame {
             Frame::BindFailure { description, .. } => 8 + description.len(),
             Frame::Ack { .. } => 8,
             Frame::Goodbye => 0,
+            Frame::Chunk { .. } => 12,
         }
     }
 
@@ -278,6 +290,10 @@ impl Frame {
             Frame::Ping { nonce } | Frame::Pong { nonce } => dst.put_u64(*nonce),
             Frame::Ack { received } => dst.put_u64(*received),
             Frame::Goodbye => {}
+            Frame::Chunk { offset, len } => {
+                dst.put_u64(*offset);
+                dst.put_u32(*len);
+            }
             Frame::Bind {
                 request,
                 bind,
@@ -362,8 +378,8 @@ pub fn decode(buf: &mut BytesMut, limits: DecodeLimits) -> Result<Option<Frame>,
             limit: limits.max_frame,
         });
     }
-    let known = (T_OPEN..=T_CLOSE).contains(&ty)
-        || (limits.extensions && (T_PING..=T_GOODBYE).contains(&ty));
+    let known =
+        (T_OPEN..=T_CLOSE).contains(&ty) || (limits.extensions && (T_PING..=T_CHUNK).contains(&ty));
     if !known {
         return Err(FrameError::UnknownType(ty));
     }
@@ -495,6 +511,13 @@ fn decode_body(ty: u8, mut b: Bytes) -> Result<Frame, FrameError> {
             }
         }
         T_GOODBYE => Frame::Goodbye,
+        T_CHUNK => {
+            need(&b, 12, "CHUNK")?;
+            Frame::Chunk {
+                offset: b.get_u64(),
+                len: b.get_u32(),
+            }
+        }
         other => return Err(FrameError::UnknownType(other)),
     };
     Ok(f)

@@ -21,6 +21,9 @@
 //!   session resume on a new carrier with nothing lost or repeated.
 //! * [`resume`] — the exchange that attaches a carrier to a new or an
 //!   existing session (session id, proof of the session secret, offsets).
+//! * [`stripe`] — a striped session's chunks: the reorder buffer that puts
+//!   them back in order and the record of which lane carries which, so a
+//!   lost or stalled lane's chunks go again on another.
 //! * [`outframe`] — a frame waiting for the carrier, header and payload
 //!   kept apart so DATA is never copied.
 #![forbid(unsafe_code)]
@@ -32,6 +35,7 @@ pub mod link;
 pub mod mux;
 pub mod outframe;
 pub mod resume;
+pub mod stripe;
 pub mod window;
 
 pub use frame::{Frame, FrameError, Reason};

@@ -194,6 +194,36 @@ impl Replay {
     }
 }
 
+impl Replay {
+    /// Lowers the bound (a striped session keeps no more unacknowledged
+    /// than the peer's reorder buffer can take: its announced bound).
+    pub fn cap(&mut self, limit: usize) {
+        self.limit = self.limit.min(limit);
+    }
+
+    /// Fresh copies of the frames that lie wholly in `from..to`, and the
+    /// offset of the first: a chunk to send again on another lane of a
+    /// striped session. Frames already acknowledged are gone, so the run
+    /// may start later than `from`, or be empty.
+    pub fn range(&self, from: u64, to: u64) -> (u64, Vec<OutFrame>) {
+        let mut at = self.start;
+        let mut first = None;
+        let mut out = Vec::new();
+        for f in &self.frames {
+            let end = at + f.remaining() as u64;
+            if end > to {
+                break;
+            }
+            if at >= from {
+                first.get_or_insert(at);
+                out.push(f.pristine());
+            }
+            at = end;
+        }
+        (first.unwrap_or(at), out)
+    }
+}
+
 /// The receiving half: what arrived, and what the peer has been told.
 #[derive(Debug)]
 pub struct Receipt {
@@ -225,6 +255,11 @@ impl Receipt {
 
     pub fn received(&self) -> u64 {
         self.received
+    }
+
+    /// The last acknowledgement sent.
+    pub fn told(&self) -> u64 {
+        self.told
     }
 
     /// Enough is unacknowledged that an ACK is worth a write of its own.
@@ -302,6 +337,24 @@ mod tests {
             r.rewind(625),
             Err(LinkError::ResumeBeyondSent { .. })
         ));
+    }
+
+    #[test]
+    fn a_range_of_recorded_frames_comes_back_whole() {
+        let mut r = Replay::new(1 << 20);
+        for n in [100, 200, 300] {
+            r.record(&frame(n));
+        }
+        let (at, fr) = r.range(108, 624);
+        assert_eq!((at, fr.len()), (108, 2));
+        let (at, fr) = r.range(108, 600);
+        assert_eq!((at, fr.len()), (108, 1));
+        r.ack(108).unwrap();
+        let (at, fr) = r.range(0, 316);
+        assert_eq!((at, fr.len()), (108, 1));
+        assert!(r.range(0, 100).1.is_empty());
+        r.cap(10);
+        assert_eq!(r.limit(), 10);
     }
 
     #[test]

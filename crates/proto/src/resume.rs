@@ -6,12 +6,21 @@
 //!
 //! ```text
 //! client → server  ATTACH   (73 bytes)
-//!   "LHR1" | u8 kind (0 new, 1 resume) | 16 B session id | u64 attempt
-//!   | u64 bytes received | 32 B proof | u32 replay limit
+//!   "LHR1" | u8 kind (0 new, 1 resume, 2 lane) | 16 B session id
+//!   | u64 attempt | u64 bytes received (lane: lane number) | 32 B proof
+//!   | u32 replay limit
+//!   (new: the lanes wanted in the session-id byte 0; 0 or 1: not striped)
 //! server → client  ATTACHED (65 bytes)
-//!   "LHR1" | u8 status | 16 B session id | 32 B secret (new sessions only)
-//!   | u64 bytes received | u32 replay limit
+//!   "LHR1" | u8 status (0 new, 1 resumed, 2–4 refused, 5 lane joined)
+//!   | 16 B session id | 32 B secret (new sessions only)
+//!   | u64 bytes received (new: lanes granted in its first byte)
+//!   | u32 replay limit
 //! ```
+//!
+//! A striped session ([`crate::stripe`]) starts like any other, with the
+//! lanes wanted; each further lane joins with kind 2 and a proof made the
+//! same way under another label, so a lane proof never passes for a
+//! resume.
 //!
 //! A new session gets a random id and secret (the server makes them). To
 //! resume, the client proves it holds the secret without sending it:
@@ -55,6 +64,15 @@ impl std::fmt::Debug for Secret {
 pub enum Attach {
     New {
         replay_limit: u32,
+        /// Lanes the client wants (0 or 1: one carrier).
+        lanes: u8,
+    },
+    /// Another lane for a striped session.
+    Lane {
+        id: SessionId,
+        attempt: u64,
+        lane: u8,
+        proof: [u8; 32],
     },
     Resume {
         id: SessionId,
@@ -94,7 +112,11 @@ pub enum Attached {
         id: SessionId,
         secret: Secret,
         replay_limit: u32,
+        /// Lanes granted (0 or 1: one carrier).
+        lanes: u8,
     },
+    /// The lane was added.
+    Joined,
     Resumed {
         received: u64,
         replay_limit: u32,
@@ -121,6 +143,17 @@ pub fn proof(secret: &Secret, id: &SessionId, attempt: u64, received: u64) -> [u
     h.finalize().into()
 }
 
+/// The proof of `secret` for one lane joining a striped session.
+pub fn lane_proof(secret: &Secret, id: &SessionId, attempt: u64, lane: u8) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(secret.0);
+    h.update(b"longhaul lane");
+    h.update(id.0);
+    h.update(attempt.to_be_bytes());
+    h.update([lane]);
+    h.finalize().into()
+}
+
 /// Compares proofs in constant time.
 pub fn proof_matches(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -143,8 +176,24 @@ impl Attach {
         let mut b = [0u8; ATTACH_LEN];
         b[..4].copy_from_slice(MAGIC);
         match self {
-            Attach::New { replay_limit } => {
+            Attach::New {
+                replay_limit,
+                lanes,
+            } => {
+                b[5] = *lanes;
                 b[69..73].copy_from_slice(&replay_limit.to_be_bytes());
+            }
+            Attach::Lane {
+                id,
+                attempt,
+                lane,
+                proof,
+            } => {
+                b[4] = 2;
+                b[5..21].copy_from_slice(&id.0);
+                b[21..29].copy_from_slice(&attempt.to_be_bytes());
+                b[36] = *lane;
+                b[37..69].copy_from_slice(proof);
             }
             Attach::Resume {
                 id,
@@ -170,7 +219,22 @@ impl Attach {
         }
         let replay_limit = u32_at(b, 69);
         match b[4] {
-            0 => Ok(Attach::New { replay_limit }),
+            0 => Ok(Attach::New {
+                replay_limit,
+                lanes: b[5],
+            }),
+            2 => {
+                let mut id = [0u8; 16];
+                id.copy_from_slice(&b[5..21]);
+                let mut proof = [0u8; 32];
+                proof.copy_from_slice(&b[37..69]);
+                Ok(Attach::Lane {
+                    id: SessionId(id),
+                    attempt: u64_at(b, 21),
+                    lane: b[36],
+                    proof,
+                })
+            }
             1 => {
                 let mut id = [0u8; 16];
                 id.copy_from_slice(&b[5..21]);
@@ -198,11 +262,14 @@ impl Attached {
                 id,
                 secret,
                 replay_limit,
+                lanes,
             } => {
                 b[5..21].copy_from_slice(&id.0);
                 b[21..53].copy_from_slice(&secret.0);
+                b[53] = *lanes;
                 b[61..65].copy_from_slice(&replay_limit.to_be_bytes());
             }
+            Attached::Joined => b[4] = 5,
             Attached::Resumed {
                 received,
                 replay_limit,
@@ -237,8 +304,10 @@ impl Attached {
                     id: SessionId(id),
                     secret: Secret(secret),
                     replay_limit,
+                    lanes: b[53],
                 }
             }
+            5 => Attached::Joined,
             1 => Attached::Resumed {
                 received: u64_at(b, 53),
                 replay_limit,
@@ -261,7 +330,16 @@ mod tests {
         let secret = Secret([4; 32]);
         let p = proof(&secret, &id, 3, 77);
         for a in [
-            Attach::New { replay_limit: 5 },
+            Attach::New {
+                replay_limit: 5,
+                lanes: 4,
+            },
+            Attach::Lane {
+                id,
+                attempt: 9,
+                lane: 3,
+                proof: lane_proof(&secret, &id, 9, 3),
+            },
             Attach::Resume {
                 id,
                 attempt: 3,
@@ -277,7 +355,9 @@ mod tests {
                 id,
                 secret: secret.clone(),
                 replay_limit: 9,
+                lanes: 2,
             },
+            Attached::Joined,
             Attached::Resumed {
                 received: u64::MAX,
                 replay_limit: 1,
@@ -288,7 +368,11 @@ mod tests {
         ] {
             assert_eq!(Attached::decode(&a.encode()), Ok(a));
         }
-        let mut bad = Attach::New { replay_limit: 1 }.encode();
+        let mut bad = Attach::New {
+            replay_limit: 1,
+            lanes: 0,
+        }
+        .encode();
         bad[4] = 7;
         assert_eq!(Attach::decode(&bad), Err(ResumeError::BadKind(7)));
         bad[0] = b'X';
@@ -329,5 +413,10 @@ mod tests {
         assert!(!proof_matches(&p, &proof(&s, &SessionId([0; 16]), 1, 100)));
         assert!(!proof_matches(&p, &proof(&s, &id, 2, 100)));
         assert!(!proof_matches(&p, &proof(&s, &id, 1, 101)));
+        // A lane's proof is not a resume's.
+        assert!(!proof_matches(
+            &lane_proof(&s, &id, 1, 0),
+            &proof(&s, &id, 1, 0)
+        ));
     }
 }

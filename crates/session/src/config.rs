@@ -56,6 +56,12 @@ pub struct SessionConfig {
     /// replay; the writer waits when it is full. 0: sized to this machine's
     /// TCP buffers ([`crate::auto_replay_limit`]).
     pub replay_limit: usize,
+    /// Client: carriers ("lanes") to stripe the session over; 0 or 1: one
+    /// carrier. Needs resume on both sides.
+    pub stripes: u8,
+    /// Server: most lanes granted to one session (up to
+    /// [`crate::MAX_LANES`]). Default 8.
+    pub max_stripes: u8,
     /// How long a server keeps a session whose carrier dropped, waiting for
     /// the client to resume it. Default 60 s.
     pub resume_timeout: Duration,
@@ -87,6 +93,8 @@ impl Default for SessionConfig {
             dead_after: Duration::from_secs(15),
             resume: true,
             replay_limit: 0,
+            stripes: 0,
+            max_stripes: 8,
             resume_timeout: Duration::from_secs(60),
             handshake_timeout: Duration::from_secs(10),
             open_timeout: Duration::from_secs(30),

@@ -214,7 +214,7 @@ pub(crate) fn build(
     let limits = decode_limits(&config, n);
     let peer = carrier.peer.clone();
     let shared = Arc::new(Shared::new(mux, config, acceptor, peer, role, link));
-    shared.spawn_carrier(carrier, limits, Vec::new());
+    shared.spawn_carrier(carrier, limits, Vec::new(), 0);
     let house = tokio::spawn(housekeeping(shared.clone()));
     // When the session closes, stop the tasks that might be parked.
     let mut closed = shared.closed_tx.subscribe();
@@ -223,13 +223,27 @@ pub(crate) fn build(
     tokio::spawn(async move {
         let _ = closed.wait_for(|c| c.is_some()).await;
         house.abort();
-        let (reader, writer) = {
+        let (reader, writer, lanes) = {
             let mut slot = sh.slot();
             // The probe holds a duplicate of the carrier's socket: the
             // socket closes only once it is gone too.
             slot.probe = None;
-            (slot.reader.take(), slot.writer.take())
+            let mut lanes: Vec<_> = slot.lanes.drain(..).collect();
+            lanes.append(&mut slot.retired);
+            (slot.reader.take(), slot.writer.take(), lanes)
         };
+        // Every lane's writer wakes, finishes its chunk and ends.
+        sh.wake_writer.notify_waiters();
+        for lane in lanes {
+            lane.reader.abort();
+            let abort = lane.writer.abort_handle();
+            if tokio::time::timeout(WRITER_GRACE, lane.writer)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
         if let Some(r) = reader {
             r.abort();
         }
@@ -343,6 +357,54 @@ impl SessionHandle {
             replayed: self.shared.link().map_or(0, |l| l.replayed),
             replay_held: self.shared.link().map_or(0, |l| l.replay.held()),
         }
+    }
+
+    /// Lanes agreed for a striped session (1 for any other).
+    pub fn lanes_wanted(&self) -> usize {
+        self.shared
+            .link()
+            .and_then(|l| l.stripes.as_ref().map(|s| s.wanted as usize))
+            .unwrap_or(1)
+    }
+
+    /// Lanes running now (striped sessions; 0 otherwise).
+    pub fn lanes(&self) -> usize {
+        *self.shared.lanes_tx.borrow()
+    }
+
+    /// Waits until the number of running lanes changes or the session
+    /// ends; returns the number.
+    pub async fn lanes_changed(&self) -> usize {
+        let mut rx = self.shared.lanes_tx.subscribe();
+        rx.mark_unchanged();
+        tokio::select! {
+            _ = rx.changed() => {}
+            _ = self.closed() => {}
+        }
+        self.lanes()
+    }
+
+    /// Per-lane counters of a striped session.
+    pub fn lane_stats(&self) -> Vec<crate::LaneStats> {
+        self.shared.lane_stats()
+    }
+
+    /// Chunks sent again on another lane, and chunks that arrived twice.
+    pub fn stripe_counters(&self) -> (u64, u64) {
+        self.shared
+            .link()
+            .and_then(|l| {
+                l.stripes
+                    .as_ref()
+                    .map(|s| (s.flight.resent, s.reorder.duplicates()))
+            })
+            .unwrap_or_default()
+    }
+
+    /// Client side: adds a freshly dialled carrier (authenticated, the
+    /// preamble sent) as lane `number` of this striped session.
+    pub async fn join_lane(&self, carrier: Carrier, number: u8) -> Result<(), SessionError> {
+        crate::resume::join_lane(&self.shared, carrier, number).await
     }
 
     /// Whether the session can outlive its carrier (both sides offered

@@ -1,6 +1,7 @@
 //! The session's timer, off the data path: runs the core's deadlines
 //! (keepalive PINGs, dead-peer and idle detection, expiry of unanswered
-//! OPENs and BINDs) and samples the path under the carrier.
+//! OPENs and BINDs) and samples the path under the carrier; in a striped
+//! session also the lanes' stall check and the ACK owed to the peer.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,20 +11,53 @@ use crate::runtime::Shared;
 /// How often the path is sampled (RTT for window growth, the kernel's send
 /// queue resized to the delivery rate).
 const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// How often a striped session looks for a stalled lane and owes an ACK.
+const STRIPE_TICK: Duration = Duration::from_millis(50);
+/// How often the lanes' counters are logged (`-v`).
+const LANE_LOG_EVERY: Duration = Duration::from_secs(10);
 
 pub(crate) async fn housekeeping(shared: Arc<Shared>) {
     let mut next_probe = 0u64;
+    let mut next_tick = 0u64;
+    let mut next_log = LANE_LOG_EVERY.as_nanos() as u64;
+    // The slowest lane's RTT, for the stall timeout.
+    let mut slowest = Duration::ZERO;
     loop {
         let now = shared.now_ns();
         if now >= next_probe {
             next_probe = now + PROBE_EVERY.as_nanos() as u64;
-            // The probe of the carrier attached now, if any.
-            let probe = shared.slot().probe.clone();
-            if let Some(p) = &probe {
-                if let Some(r) = p.rtt() {
-                    shared.with(|m, _| m.set_path_rtt(r));
-                }
+            // The probes of the carrier (or lanes) attached now, if any.
+            let probes = match shared.striped {
+                true => shared.lane_probes(),
+                false => shared.slot().probe.clone().into_iter().collect(),
+            };
+            let rtts: Vec<Duration> = probes.iter().filter_map(|p| p.rtt()).collect();
+            if let Some(r) = rtts.iter().max() {
+                shared.with(|m, _| m.set_path_rtt(*r));
+                slowest = *r;
+            }
+            for p in &probes {
                 p.retune();
+            }
+        }
+        if shared.striped && now >= next_tick {
+            next_tick = now + STRIPE_TICK.as_nanos() as u64;
+            shared.stripe_tick(slowest);
+        }
+        if shared.striped && now >= next_log {
+            next_log = now + LANE_LOG_EVERY.as_nanos() as u64;
+            for l in shared.lane_stats() {
+                tracing::debug!(
+                    peer = %shared.peer,
+                    lane = l.number,
+                    sent = l.bytes_sent,
+                    received = l.bytes_received,
+                    rtt = ?l.rtt.unwrap_or_default(),
+                    rate = l.delivery_rate,
+                    retransmits = l.retransmits,
+                    chunks_resent = l.chunks_resent,
+                    "lane"
+                );
             }
         }
         let (dead, next) = shared.with(|m, _| {
@@ -34,10 +68,20 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
             return;
         }
         if let Some(silent) = shared.take_silent() {
-            let gen = shared.slot().gen;
-            shared.carrier_failed(gen, format!("nothing heard from the peer for {silent:?}"));
+            let why = format!("nothing heard from the peer for {silent:?}");
+            if shared.striped {
+                for id in shared.lane_ids() {
+                    shared.carrier_failed(id, why.clone());
+                }
+            } else {
+                let gen = shared.slot().gen;
+                shared.carrier_failed(gen, why);
+            }
         }
-        let wake = next.map_or(next_probe, |t| t.min(next_probe));
+        let mut wake = next.map_or(next_probe, |t| t.min(next_probe));
+        if shared.striped {
+            wake = wake.min(next_tick);
+        }
         let wait = Duration::from_nanos(wake.saturating_sub(shared.now_ns()));
         // Timers never fire early; a millisecond more keeps a deadline that
         // falls just after `now` from spinning.

@@ -33,6 +33,8 @@ pub mod fuzzing;
 mod handle;
 mod housekeeping;
 mod inbound;
+mod lane_io;
+mod lanes;
 mod link;
 mod reader;
 mod requests;
@@ -45,6 +47,8 @@ pub use config::{
     Acceptor, BoxFuture, Mode, OpenRefused, SessionConfig, SessionError, SessionStats,
 };
 pub use handle::{Opened, Session};
+pub use lanes::LaneStats;
 pub use link::{auto_replay_limit, Role};
+pub use longhaul_proto::stripe::MAX_LANES;
 pub use resume::{Resumables, Served};
 pub use runtime::SessionHandle;

@@ -24,6 +24,7 @@ use longhaul_proto::resume::{Secret, SessionId};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use crate::lanes::{LaneTasks, Stripes};
 use crate::reader::carrier_reader;
 use crate::runtime::Shared;
 use crate::writer::carrier_writer;
@@ -52,6 +53,8 @@ pub(crate) struct LinkState {
     /// Carrier drops survived, and bytes sent again after them.
     pub resumes: u64,
     pub replayed: u64,
+    /// A striped session's chunks (several lanes).
+    pub stripes: Option<Stripes>,
 }
 
 impl LinkState {
@@ -72,7 +75,20 @@ impl LinkState {
             identity,
             resumes: 0,
             replayed: 0,
+            stripes: None,
         }
+    }
+
+    /// Makes this a striped session over `lanes` lanes: the reorder
+    /// window is our replay bound, and we keep no more unacknowledged than
+    /// the peer's.
+    pub fn striped(mut self, lanes: u8, peer_limit: usize) -> LinkState {
+        if lanes >= 2 {
+            self.stripes = Some(Stripes::new(lanes, self.replay.limit()));
+            self.replay
+                .cap(peer_limit.max(longhaul_proto::link::MIN_REPLAY_LIMIT));
+        }
+        self
     }
 }
 
@@ -108,10 +124,14 @@ pub(crate) struct CarrierSlot {
     /// Tells the writer to stop (it saves what it had not started).
     pub stop: Option<Arc<Notify>>,
     pub probe: Option<Arc<dyn PathProbe>>,
+    /// A striped session's lanes (the fields above are then unused).
+    pub lanes: Vec<LaneTasks>,
+    /// Lanes dropped whose tasks may still be ending.
+    pub retired: Vec<LaneTasks>,
 }
 
 /// Waits this long at most for a stopped carrier's tasks to end.
-const STOP_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(2);
 
 impl Shared {
     pub(crate) fn link(&self) -> Option<MutexGuard<'_, LinkState>> {
@@ -131,7 +151,11 @@ impl Shared {
         carrier: Carrier,
         limits: DecodeLimits,
         resend: Vec<OutFrame>,
+        resend_from: u64,
     ) {
+        if self.striped {
+            return self.spawn_lane(carrier, limits, resend, resend_from, 0);
+        }
         let mut slot = self.slot();
         slot.gen += 1;
         let gen = slot.gen;
@@ -169,9 +193,12 @@ impl Shared {
             tracing::info!(peer = %self.peer, "{why}");
             return self.close(why);
         }
+        if self.striped && self.lane_failed(gen, &why) {
+            return;
+        }
         {
             let mut slot = self.slot();
-            if slot.gen != gen || slot.detached {
+            if (!self.striped && slot.gen != gen) || slot.detached {
                 return;
             }
             slot.detached = true;
@@ -221,6 +248,12 @@ impl Shared {
     /// never overlap the new one's. A writer that does not stop in time
     /// would take frames with it: the session is closed instead.
     pub(crate) async fn stop_carrier(self: &Arc<Self>, why: &str) -> Result<(), String> {
+        if self.striped {
+            for id in self.lane_ids() {
+                self.carrier_failed(id, why.to_owned());
+            }
+            return self.stop_lanes().await;
+        }
         let gen = self.slot().gen;
         self.carrier_failed(gen, why.to_owned());
         let (reader, writer) = {
@@ -257,6 +290,12 @@ impl Shared {
             let mut l = self.link().expect("resume needs a link layer");
             let resend = l.replay.rewind(peer_received)?;
             l.rx.resumed();
+            if let Some(s) = l.stripes.as_mut() {
+                // Everything the peer misses comes again in new chunks.
+                s.reorder.reset();
+                s.flight.reset();
+                s.ack_now = false;
+            }
             let bytes: u64 = resend.iter().map(|f| f.remaining() as u64).sum();
             l.resumes += 1;
             l.replayed += bytes;
@@ -265,7 +304,7 @@ impl Shared {
         self.with(|m, now| m.set_attached(true, now));
         // A silence found on the old carrier is not this one's.
         let _ = self.take_silent();
-        self.spawn_carrier(carrier, limits, resend);
+        self.spawn_carrier(carrier, limits, resend, peer_received);
         tracing::info!(
             peer = %self.peer,
             outage = ?outage.unwrap_or_default(),

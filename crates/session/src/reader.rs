@@ -27,14 +27,14 @@ pub(crate) const MAX_PINNED_CHUNKS: usize = 16;
 
 /// Retired read buffers still referenced by queued payloads.
 #[derive(Default)]
-struct Pins {
+pub(crate) struct Pins {
     /// A zero-length slice of each retired buffer: it is the only reference
     /// left once every payload cut from that buffer is gone.
     retired: VecDeque<Bytes>,
 }
 
 impl Pins {
-    fn retire(&mut self, sentinel: Bytes) {
+    pub(crate) fn retire(&mut self, sentinel: Bytes) {
         self.retired.push_back(sentinel);
         self.prune();
     }
@@ -44,7 +44,7 @@ impl Pins {
     }
 
     /// Whether payloads may still be handed out as slices.
-    fn may_slice(&mut self) -> bool {
+    pub(crate) fn may_slice(&mut self) -> bool {
         if self.retired.len() >= MAX_PINNED_CHUNKS {
             self.prune();
         }

@@ -13,8 +13,10 @@ use std::sync::{Arc, Mutex, Weak};
 
 use longhaul_carrier::Carrier;
 use longhaul_proto::resume::{
-    proof, proof_matches, Attach, Attached, Refusal, Secret, SessionId, ATTACHED_LEN, ATTACH_LEN,
+    lane_proof, proof, proof_matches, Attach, Attached, Refusal, Secret, SessionId, ATTACHED_LEN,
+    ATTACH_LEN,
 };
+use longhaul_proto::stripe::MAX_LANES;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::{Acceptor, SessionConfig, SessionError};
@@ -28,6 +30,8 @@ pub enum Served {
     New(SessionHandle),
     /// It now carries an existing session that had lost its carrier.
     Resumed(SessionHandle),
+    /// It is one more lane of a striped session.
+    Joined(SessionHandle),
 }
 
 /// A server's sessions that may be resumed, by id. Entries are weak: a
@@ -87,6 +91,7 @@ pub(crate) async fn open_new(
     let answer = exchange(config, async {
         let ask = Attach::New {
             replay_limit: limit as u32,
+            lanes: config.stripes.min(MAX_LANES as u8),
         };
         carrier.writer.write_all(&ask.encode()).await?;
         carrier.writer.flush().await?;
@@ -100,18 +105,21 @@ pub(crate) async fn open_new(
             id,
             secret,
             replay_limit: peer,
+            lanes,
         } => {
-            tracing::debug!(session = %id, "resumable session opened");
-            Ok(LinkState::new(
-                limit,
-                peer as usize,
-                id,
-                secret,
-                String::new(),
-            ))
+            if lanes > config.stripes.max(1) || lanes as usize > MAX_LANES {
+                return Err(SessionError::Closed(format!(
+                    "server granted {lanes} lanes, more than asked"
+                )));
+            }
+            tracing::debug!(session = %id, lanes, "resumable session opened");
+            Ok(
+                LinkState::new(limit, peer as usize, id, secret, String::new())
+                    .striped(lanes, peer as usize),
+            )
         }
         Attached::Refused(r) => Err(SessionError::ResumeRefused(r)),
-        Attached::Resumed { .. } => Err(SessionError::Closed(
+        Attached::Resumed { .. } | Attached::Joined => Err(SessionError::Closed(
             "server answered a new session with a resume".into(),
         )),
     }
@@ -175,8 +183,63 @@ pub(crate) async fn resume_client(
             })
         }
         Attached::Refused(r) => Err(SessionError::ResumeRefused(r)),
-        Attached::New { .. } => Err(SessionError::Closed(
+        Attached::New { .. } | Attached::Joined => Err(SessionError::Closed(
             "server answered a resume with a new session".into(),
+        )),
+    }
+}
+
+/// Client: adds `carrier` as lane `number` of the striped session `shared`.
+pub(crate) async fn join_lane(
+    shared: &Arc<Shared>,
+    mut carrier: Carrier,
+    number: u8,
+) -> Result<(), SessionError> {
+    if !shared.striped {
+        return Err(SessionError::NoResume);
+    }
+    let config = &shared.config;
+    let _attaching = shared.attach_lock.lock().await;
+    if let Some(why) = shared.with(|m, _| m.dead().map(str::to_owned)) {
+        return Err(SessionError::Closed(why));
+    }
+    if *shared.detached_tx.borrow() {
+        return Err(SessionError::Closed(
+            "the session has no lane left: it must be resumed first".into(),
+        ));
+    }
+    let ask = {
+        let mut l = shared.link().ok_or(SessionError::NoResume)?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        l.attempt = (l.attempt + 1).max(now);
+        Attach::Lane {
+            id: l.id,
+            attempt: l.attempt,
+            lane: number,
+            proof: lane_proof(&l.secret, &l.id, l.attempt, number),
+        }
+    };
+    let n = crate::handle::hello_then(&mut carrier, config, &ask.encode()).await?;
+    if !n.resume {
+        return Err(SessionError::NoResume);
+    }
+    let answer = exchange(config, async {
+        let mut b = [0u8; ATTACHED_LEN];
+        carrier.reader.read_exact(&mut b).await?;
+        Ok(Attached::decode(&b)?)
+    })
+    .await?;
+    match answer {
+        Attached::Joined => {
+            let limits = decode_limits(config, &n);
+            shared.spawn_lane(carrier, limits, Vec::new(), 0, number);
+            Ok(())
+        }
+        Attached::Refused(r) => Err(SessionError::ResumeRefused(r)),
+        _ => Err(SessionError::Closed(
+            "server answered a lane with something else".into(),
         )),
     }
 }
@@ -211,14 +274,22 @@ pub(crate) async fn serve_attach(
         Err(SessionError::ResumeRefused(r))
     };
     match ask {
-        Attach::New { replay_limit: peer } => {
+        Attach::New {
+            replay_limit: peer,
+            lanes,
+        } => {
             let id = SessionId(rand::random());
             let secret = Secret(rand::random());
             let limit = replay_limit(&config);
+            let lanes = match lanes.min(config.max_stripes).min(MAX_LANES as u8) {
+                0 | 1 => 0,
+                n => n,
+            };
             let answer = Attached::New {
                 id,
                 secret: secret.clone(),
                 replay_limit: limit as u32,
+                lanes,
             };
             exchange(&config, async {
                 carrier.writer.write_all(&answer.encode()).await?;
@@ -226,11 +297,70 @@ pub(crate) async fn serve_attach(
                 Ok(())
             })
             .await?;
-            let link = LinkState::new(limit, peer as usize, id, secret, identity);
+            let link = LinkState::new(limit, peer as usize, id, secret, identity)
+                .striped(lanes, peer as usize);
             let h = build(carrier, config, acceptor, n, Role::Server, Some(link));
             resumables.insert(id, &h.shared);
             tracing::debug!(session = %id, "resumable session started");
             Ok(Served::New(h))
+        }
+        Attach::Lane {
+            id,
+            attempt,
+            lane,
+            proof: shown,
+        } => {
+            let Some(shared) = resumables.get(&id) else {
+                return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await;
+            };
+            let _attaching = shared.attach_lock.lock().await;
+            let running = shared.lane_ids().len();
+            let verdict = {
+                let Some(mut l) = shared.link() else {
+                    return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await;
+                };
+                let expected = lane_proof(&l.secret, &l.id, attempt, lane);
+                let wanted = l.stripes.as_ref().map_or(0, |s| s.wanted as usize);
+                if l.identity != identity {
+                    Err(format!(
+                        "session {id} belongs to {}, not to {identity}",
+                        l.identity
+                    ))
+                } else if !proof_matches(&expected, &shown) {
+                    Err(format!(
+                        "wrong proof of the secret of session {id} for a lane"
+                    ))
+                } else if attempt <= l.attempt {
+                    Err(format!(
+                        "attempt {attempt} for session {id} was already used (a replayed lane?)"
+                    ))
+                } else if wanted < 2 {
+                    Err(format!("session {id} is not striped"))
+                } else if running >= wanted {
+                    Err(format!(
+                        "session {id} has its {wanted} lanes already (a lane more is refused)"
+                    ))
+                } else if *shared.detached_tx.borrow() {
+                    Err(format!("session {id} has no lane left: resume it first"))
+                } else {
+                    l.attempt = attempt;
+                    Ok(())
+                }
+            };
+            if let Err(why) = verdict {
+                return refuse(carrier, Refusal::Denied, why).await;
+            }
+            exchange(&config, async {
+                carrier.writer.write_all(&Attached::Joined.encode()).await?;
+                carrier.writer.flush().await?;
+                Ok(())
+            })
+            .await?;
+            let limits = decode_limits(&config, n);
+            shared.spawn_lane(carrier, limits, Vec::new(), 0, lane);
+            tracing::debug!(session = %id, lane, lanes = running + 1, "lane joined");
+            drop(_attaching);
+            Ok(Served::Joined(SessionHandle { shared }))
         }
         Attach::Resume {
             id,

@@ -119,6 +119,10 @@ pub(crate) struct Shared {
     pub role: Role,
     /// `true` while the session has no carrier (waiting for a resume).
     pub detached_tx: watch::Sender<bool>,
+    /// Several lanes (a striped session).
+    pub striped: bool,
+    /// Lanes running now (striped sessions).
+    pub lanes_tx: watch::Sender<usize>,
     /// One attach (resume) at a time.
     pub attach_lock: tokio::sync::Mutex<()>,
     /// The peer ended the session on purpose (GOODBYE).
@@ -150,6 +154,8 @@ impl Shared {
         link: Option<LinkState>,
     ) -> Shared {
         Shared {
+            striped: link.as_ref().is_some_and(|l| l.stripes.is_some()),
+            lanes_tx: watch::channel(0).0,
             link: link.map(Mutex::new),
             carrier: Mutex::new(CarrierSlot::default()),
             role,

@@ -1,11 +1,14 @@
 //! A TCP relay between client and server that the test controls: it can
 //! reset every connection it holds (a dropped carrier), refuse new ones for
 //! a while (the path is down), or stop forwarding while keeping the
-//! connections open (a path gone silent: a NAT that forgot the flow).
+//! connections open (a path gone silent: a NAT that forgot the flow) —
+//! for all connections, or for one (a lane of a striped session).
+
+#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -18,6 +21,15 @@ pub struct Relay {
     kill: watch::Sender<u64>,
     down: Arc<AtomicBool>,
     silent: Arc<AtomicBool>,
+    /// Each connection's own controls, in the order they came.
+    each: Arc<Mutex<Vec<One>>>,
+}
+
+/// One connection's controls.
+#[derive(Clone)]
+struct One {
+    kill: watch::Sender<bool>,
+    silent: Arc<AtomicBool>,
 }
 
 impl Relay {
@@ -28,6 +40,8 @@ impl Relay {
         let down = Arc::new(AtomicBool::new(false));
         let silent = Arc::new(AtomicBool::new(false));
         let (k, d, s) = (kill.clone(), down.clone(), silent.clone());
+        let each = Arc::new(Mutex::new(Vec::new()));
+        let e = each.clone();
         tokio::spawn(async move {
             while let Ok((a, _)) = l.accept().await {
                 if d.load(Ordering::SeqCst) {
@@ -38,7 +52,12 @@ impl Relay {
                     reset(&a);
                     continue;
                 };
-                tokio::spawn(pair(a, b, k.subscribe(), s.clone()));
+                let one = One {
+                    kill: watch::channel(false).0,
+                    silent: Arc::new(AtomicBool::new(false)),
+                };
+                e.lock().unwrap().push(one.clone());
+                tokio::spawn(pair(a, b, k.subscribe(), s.clone(), one));
             }
         });
         Relay {
@@ -46,7 +65,25 @@ impl Relay {
             kill,
             down,
             silent,
+            each,
         }
+    }
+
+    /// Connections made through the relay so far.
+    pub fn connections(&self) -> usize {
+        self.each.lock().unwrap().len()
+    }
+
+    /// Resets connection `i` (in the order they came) only.
+    pub fn reset_one(&self, i: usize) {
+        let _ = self.each.lock().unwrap()[i].kill.send(true);
+    }
+
+    /// Stops forwarding on connection `i` only (it stays open).
+    pub fn silence_one(&self, i: usize) {
+        self.each.lock().unwrap()[i]
+            .silent
+            .store(true, Ordering::SeqCst);
     }
 
     /// Resets every connection now held (both sides see a reset).
@@ -86,7 +123,13 @@ fn reset(s: &TcpStream) {
 }
 
 /// Copies both ways until either side ends or the test resets the pair.
-async fn pair(a: TcpStream, b: TcpStream, mut kill: watch::Receiver<u64>, silent: Arc<AtomicBool>) {
+async fn pair(
+    a: TcpStream,
+    b: TcpStream,
+    mut kill: watch::Receiver<u64>,
+    silent: Arc<AtomicBool>,
+    one: One,
+) {
     let _ = a.set_nodelay(true);
     let _ = b.set_nodelay(true);
     // Whenever the pair is dropped, both ends see a reset, not an end.
@@ -94,13 +137,16 @@ async fn pair(a: TcpStream, b: TcpStream, mut kill: watch::Receiver<u64>, silent
     reset(&b);
     let (ar, aw) = a.into_split();
     let (br, bw) = b.into_split();
+    let quiet = [&*silent, &*one.silent];
     let copy = async {
-        tokio::join!(one_way(ar, bw, &silent), one_way(br, aw, &silent));
+        tokio::join!(one_way(ar, bw, &quiet), one_way(br, aw, &quiet));
     };
     let start = *kill.borrow_and_update();
+    let mut kill_one = one.kill.subscribe();
     tokio::select! {
         _ = copy => {}
         _ = kill.wait_for(|k| *k != start) => {}
+        _ = kill_one.wait_for(|k| *k) => {}
     }
 }
 
@@ -109,7 +155,7 @@ async fn pair(a: TcpStream, b: TcpStream, mut kill: watch::Receiver<u64>, silent
 async fn one_way(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    silent: &AtomicBool,
+    silent: &[&AtomicBool; 2],
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -117,7 +163,7 @@ async fn one_way(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        while silent.load(Ordering::SeqCst) {
+        while silent.iter().any(|s| s.load(Ordering::SeqCst)) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         if to.write_all(&buf[..n]).await.is_err() {

@@ -267,7 +267,7 @@ impl Mux {
                 }),
                 "BIND_FAILURE",
             )?,
-            Frame::Ack { .. } | Frame::Goodbye => {
+            Frame::Ack { .. } | Frame::Goodbye | Frame::Chunk { .. } => {
                 // The link layer takes its frames before they reach here.
                 return Err(Violation(
                     "link frame on a session without a link layer".into(),

@@ -1,0 +1,305 @@
+//! Striped sessions: one session over several TCP connections ("lanes"),
+//! real client and server on loopback with a relay between them that the
+//! test uses to reset or silence one lane. Every stream's bytes are hashed
+//! end to end.
+
+mod common;
+#[path = "common/relay.rs"]
+mod relay;
+#[path = "common/transfer.rs"]
+mod transfer;
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use longhaul_carrier::Identity;
+use longhaul_forward::rules::{BindRules, Rules};
+use longhaul_forward::{Client, ClientConfig, Server, ServerConfig};
+use longhaul_proto::resume::{Attach, Attached, Refusal, SessionId};
+use relay::Relay;
+use transfer::*;
+
+const LANES: u8 = 4;
+
+async fn run(cfg: ServerConfig) -> SocketAddr {
+    let s = Server::bind(cfg).await.unwrap();
+    let addr = s.local_addr().unwrap();
+    tokio::spawn(s.run());
+    addr
+}
+
+/// A plain-TCP server allowing `target`, with a relay in front; a client
+/// config striped over `LANES` lanes through the relay.
+async fn striped_setup(target: SocketAddr, max_stripes: u8) -> (Relay, ClientConfig) {
+    let mut session = quick_session();
+    session.max_stripes = max_stripes;
+    let server = start_server_with(
+        Rules::new(vec![target.to_string().parse().unwrap()], false),
+        BindRules::default(),
+        session,
+    )
+    .await;
+    let relay = Relay::start(server).await;
+    let mut cfg = client_config(relay.addr);
+    cfg.local = vec![fwd("127.0.0.1", target.port())];
+    cfg.session = quick_session();
+    cfg.session.stripes = LANES;
+    (relay, cfg)
+}
+
+/// Waits until the client's session runs on `n` lanes.
+async fn until_lanes(client: &Client, n: usize) {
+    within(20, async {
+        while client.session().lanes() != n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_streams_over_four_lanes_arrive_intact() {
+    logs();
+    let _dump = DumpLogsOnPanic;
+    let progress = Arc::new(AtomicU64::new(0));
+    let target = hashing_target(progress.clone()).await;
+    let (relay, cfg) = striped_setup(target.0, 8).await;
+    let client = Client::start(cfg).await.unwrap();
+    until_lanes(&client, LANES as usize).await;
+    assert_eq!(client.session().lanes_wanted(), LANES as usize);
+    transfer_while(&client, target, progress, |_| async {}).await;
+    let s = client.session();
+    // Every lane carried a share.
+    let per_lane: Vec<u64> = s.lane_stats().iter().map(|l| l.bytes_sent).collect();
+    assert_eq!(per_lane.len(), LANES as usize);
+    assert!(per_lane.iter().all(|&b| b > 0), "lanes sent {per_lane:?}");
+    assert_eq!(relay.connections(), LANES as usize);
+    assert_eq!(s.stats().resumes, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_reset_mid_transfer_loses_nothing_and_is_replaced() {
+    logs();
+    let _dump = DumpLogsOnPanic;
+    let progress = Arc::new(AtomicU64::new(0));
+    let target = hashing_target(progress.clone()).await;
+    let (relay, cfg) = striped_setup(target.0, 8).await;
+    let client = Client::start(cfg).await.unwrap();
+    until_lanes(&client, LANES as usize).await;
+    let id = client.session().resume_id();
+    transfer_while(&client, target, progress, |p| async move {
+        until_progress(&p, 0.3).await;
+        relay.reset_one(1);
+        wait_log("lane lost").await;
+        until_progress(&p, 0.6).await;
+        relay.reset_one(0);
+    })
+    .await;
+    let s = client.session();
+    assert_eq!(s.resume_id(), id, "the session was replaced");
+    assert_eq!(s.stats().resumes, 0, "a lost lane needs no resume");
+    assert!(!s.is_closed());
+    // The lost lanes were dialled again.
+    until_lanes(&client, LANES as usize).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_stalled_lane_does_not_stall_the_session() {
+    logs();
+    let _dump = DumpLogsOnPanic;
+    let progress = Arc::new(AtomicU64::new(0));
+    let target = hashing_target(progress.clone()).await;
+    let (relay, cfg) = striped_setup(target.0, 8).await;
+    let client = Client::start(cfg).await.unwrap();
+    until_lanes(&client, LANES as usize).await;
+    transfer_while(&client, target, progress, |p| async move {
+        until_progress(&p, 0.3).await;
+        // No reset, no EOF: one lane's bytes just stop, both ways.
+        relay.silence_one(2);
+    })
+    .await;
+    wait_log("lane stalled").await;
+    let s = client.session();
+    assert!(!s.is_closed());
+    assert_eq!(s.stats().resumes, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_streams_over_four_tls_lanes_arrive_intact() {
+    logs();
+    let _dump = DumpLogsOnPanic;
+    let (sid, cid) = (Identity::generate().unwrap(), Identity::generate().unwrap());
+    let progress = Arc::new(AtomicU64::new(0));
+    let target = hashing_target(progress.clone()).await;
+    let mut scfg = ServerConfig::new("tls://127.0.0.1:0".parse().unwrap());
+    scfg.identity = Some(sid.clone());
+    scfg.auth.authorized_keys = Some(
+        longhaul_forward::auth::AuthorizedKeys::parse(&format!("{}\n", cid.fingerprint), "test")
+            .unwrap(),
+    );
+    scfg.rules = Rules::new(vec![target.0.to_string().parse().unwrap()], false);
+    scfg.session = quick_session();
+    let server = run(scfg).await;
+    let relay = Relay::start(server).await;
+    let mut cfg = ClientConfig::new(format!("tls://{}", relay.addr).parse().unwrap());
+    cfg.identity = Some(cid);
+    cfg.pin = Some(sid.fingerprint);
+    cfg.local = vec![fwd("127.0.0.1", target.0.port())];
+    cfg.session = quick_session();
+    cfg.session.stripes = LANES;
+    let client = Client::start(cfg).await.unwrap();
+    until_lanes(&client, LANES as usize).await;
+    transfer_while(&client, target, progress, |p| async move {
+        until_progress(&p, 0.5).await;
+        relay.reset_one(3);
+    })
+    .await;
+    assert_eq!(client.session().stats().resumes, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_grants_no_more_lanes_than_it_allows() {
+    logs();
+    let _dump = DumpLogsOnPanic;
+    let echo = echo_server().await;
+    let (_relay, cfg) = striped_setup(echo, 2).await;
+    let client = Client::start(cfg).await.unwrap();
+    until_lanes(&client, 2).await;
+    assert_eq!(client.session().lanes_wanted(), 2);
+    echo_streams(client.local_addrs[0], vec![1 << 20, 3 << 20]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_and_surplus_lanes_are_refused() {
+    logs();
+    let _dump = DumpLogsOnPanic;
+    let echo = echo_server().await;
+    let (relay, cfg) = striped_setup(echo, 8).await;
+    let server = format!("tcp://{}", relay.addr);
+    let client = Client::start(cfg).await.unwrap();
+    until_lanes(&client, LANES as usize).await;
+    let s = client.session();
+    let id = s.resume_id().unwrap();
+    let (secret, attempt) = s.resume_secret_for_tests().unwrap();
+    let lane = |id: SessionId, attempt: u64, proof: [u8; 32]| Attach::Lane {
+        id,
+        attempt,
+        lane: 9,
+        proof,
+    };
+    // An unknown session.
+    let mut c = dial_raw(&server, None).await;
+    assert_eq!(
+        within(10, raw_attach(&mut c, lane(SessionId([5; 16]), 1, [0; 32]))).await,
+        Attached::Refused(Refusal::Unknown)
+    );
+    // A wrong proof.
+    let mut c = dial_raw(&server, None).await;
+    assert_eq!(
+        within(10, raw_attach(&mut c, lane(id, attempt + 10, [7; 32]))).await,
+        Attached::Refused(Refusal::Denied)
+    );
+    wait_log("wrong proof of the secret").await;
+    // A resume's proof does not pass for a lane's.
+    let p = longhaul_proto::resume::proof(&secret, &id, attempt + 11, 9);
+    let mut c = dial_raw(&server, None).await;
+    assert_eq!(
+        within(10, raw_attach(&mut c, lane(id, attempt + 11, p))).await,
+        Attached::Refused(Refusal::Denied)
+    );
+    // The right proof, but the session has all its lanes.
+    let a = attempt + 1_000_000;
+    let p = longhaul_proto::resume::lane_proof(&secret, &id, a, 9);
+    let mut c = dial_raw(&server, None).await;
+    assert_eq!(
+        within(10, raw_attach(&mut c, lane(id, a, p))).await,
+        Attached::Refused(Refusal::Denied)
+    );
+    wait_log("a lane more is refused").await;
+    // The real session never noticed.
+    echo_streams(client.local_addrs[0], vec![1 << 20]).await;
+    assert_eq!(s.lanes(), LANES as usize);
+    assert!(!s.is_closed());
+}
+
+/// A raw striped peer: a new session with two lanes granted, on a carrier
+/// the test writes lane messages to.
+async fn raw_striped_peer(server: &str) -> longhaul_carrier::Carrier {
+    let mut c = dial_raw(server, None).await;
+    let answer = raw_attach(
+        &mut c,
+        Attach::New {
+            replay_limit: 1 << 20,
+            lanes: 2,
+        },
+    )
+    .await;
+    assert!(
+        matches!(answer, Attached::New { lanes: 2, .. }),
+        "{answer:?}"
+    );
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_with_bogus_offsets_close_the_session() {
+    use longhaul_proto::frame::Frame;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    logs();
+    let _dump = DumpLogsOnPanic;
+    let echo = echo_server().await;
+    let (relay, _) = striped_setup(echo, 8).await;
+    let server = format!("tcp://{}", relay.addr);
+    let base = status_bytes("VmRSS:");
+    let cases: [(&str, u64, Vec<u8>); 3] = [
+        // Far beyond the reorder window: never buffered.
+        ("beyond the reorder window", 1 << 40, vec![0; 1000]),
+        // At the next byte, but not frames.
+        ("malformed frame", 0, vec![0xff; 64]),
+        // A frame cut short at the end of the chunk.
+        ("ends inside a frame", 0, {
+            let mut f = Frame::Ping { nonce: 1 }.to_bytes().unwrap().to_vec();
+            f.truncate(6);
+            f
+        }),
+    ];
+    for (why, offset, body) in cases {
+        let mut c = raw_striped_peer(&server).await;
+        let head = Frame::Chunk {
+            offset,
+            len: body.len() as u32,
+        }
+        .to_bytes()
+        .unwrap();
+        c.writer.write_all(&head).await.unwrap();
+        c.writer.write_all(&body).await.unwrap();
+        c.writer.flush().await.unwrap();
+        wait_log(why).await;
+        // The server ends the session: the lane closes.
+        let mut sink = vec![0u8; 4096];
+        within(10, async {
+            while !matches!(c.reader.read(&mut sink).await, Ok(0) | Err(_)) {}
+        })
+        .await;
+    }
+    // A chunk header announcing more than a chunk may hold is refused
+    // before anything is allocated for it.
+    let mut c = raw_striped_peer(&server).await;
+    let head = Frame::Chunk {
+        offset: 0,
+        len: u32::MAX,
+    }
+    .to_bytes()
+    .unwrap();
+    c.writer.write_all(&head).await.unwrap();
+    c.writer.flush().await.unwrap();
+    wait_log("allowed)").await;
+    assert!(
+        status_bytes("VmRSS:") < base + (64 << 20),
+        "memory grew by {} bytes",
+        status_bytes("VmRSS:") - base
+    );
+}
