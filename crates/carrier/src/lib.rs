@@ -43,6 +43,9 @@ pub const CARRIER_NOTSENT_LOWAT: u32 = 64 * 1024;
 pub const SEND_QUEUE_TIME: Duration = Duration::from_millis(2);
 /// Bounds on that queue.
 pub const NOTSENT_MIN: u32 = 16 * 1024;
+/// The smallest unsent queue for a lane of a striped session: a slow lane
+/// (one repairing losses) must not hold chunks the other lanes could send.
+pub const LANE_NOTSENT_MIN: u32 = 4 * 1024;
 pub const NOTSENT_MAX: u32 = 1024 * 1024;
 
 pub type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
@@ -54,6 +57,11 @@ pub type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
 pub trait PathProbe: Send + Sync {
     fn rtt(&self) -> Option<Duration>;
     fn retune(&self) {}
+    /// Lets the send queue shrink to `bytes` on a slow path (a lane of a
+    /// striped session), and applies it at once.
+    fn set_floor(&self, bytes: u32) {
+        let _ = bytes;
+    }
     /// What TCP_INFO says of the path, where there is a TCP socket.
     fn path(&self) -> Option<TcpPath> {
         None
@@ -100,6 +108,7 @@ impl UrgentSend for TcpUrgent {
 struct TcpProbe {
     sock: socket2::Socket,
     lowat: std::sync::atomic::AtomicU32,
+    floor: std::sync::atomic::AtomicU32,
 }
 
 impl PathProbe for TcpProbe {
@@ -111,6 +120,14 @@ impl PathProbe for TcpProbe {
         tcp_path(&self.sock)
     }
 
+    fn set_floor(&self, bytes: u32) {
+        use std::sync::atomic::Ordering;
+        self.floor.store(bytes, Ordering::Relaxed);
+        if set_notsent_lowat(&socket2::SockRef::from(&self.sock), bytes).is_ok() {
+            self.lowat.store(bytes, Ordering::Relaxed);
+        }
+    }
+
     fn retune(&self) {
         use std::sync::atomic::Ordering;
         let Some(p) = tcp_path(&self.sock) else {
@@ -120,7 +137,8 @@ impl PathProbe for TcpProbe {
             return;
         }
         let want = (p.delivery_rate as f64 * SEND_QUEUE_TIME.as_secs_f64()) as u64;
-        let want = want.clamp(NOTSENT_MIN as u64, NOTSENT_MAX as u64) as u32;
+        let floor = self.floor.load(Ordering::Relaxed);
+        let want = want.clamp(floor as u64, NOTSENT_MAX as u64) as u32;
         let have = self.lowat.load(Ordering::Relaxed);
         // Only touch the socket when the change is worth it (> 25 %).
         if want.abs_diff(have) > have / 4
@@ -138,6 +156,7 @@ pub fn tcp_probe(stream: &TcpStream) -> io::Result<Box<dyn PathProbe>> {
     Ok(Box::new(TcpProbe {
         sock: socket2::SockRef::from(stream).try_clone()?,
         lowat: CARRIER_NOTSENT_LOWAT.into(),
+        floor: NOTSENT_MIN.into(),
     }))
 }
 
@@ -181,6 +200,7 @@ impl Carrier {
             probe: Some(Box::new(TcpProbe {
                 sock,
                 lowat: CARRIER_NOTSENT_LOWAT.into(),
+                floor: NOTSENT_MIN.into(),
             })),
             urgent: Some(Box::new(TcpUrgent(urgent))),
             peer,

@@ -16,6 +16,10 @@ pub struct TcpPath {
     /// Segments retransmitted over the connection's life
     /// (TCP_INFO.tcpi_total_retrans).
     pub retransmits: u32,
+    /// The retransmission timeout now (TCP_INFO.tcpi_rto).
+    pub rto: Option<Duration>,
+    /// Bytes written and not yet sent (TCP_INFO.tcpi_notsent_bytes).
+    pub notsent: u32,
 }
 
 /// Smoothed RTT of a TCP socket as the kernel sees it.
@@ -51,6 +55,8 @@ pub fn tcp_path(sock: &socket2::Socket) -> Option<TcpPath> {
             rtt: (info.tcpi_rtt != 0).then(|| Duration::from_micros(info.tcpi_rtt as u64)),
             delivery_rate: info.tcpi_delivery_rate,
             retransmits: info.tcpi_total_retrans,
+            rto: (info.tcpi_rto != 0).then(|| Duration::from_micros(info.tcpi_rto as u64)),
+            notsent: info.tcpi_notsent_bytes,
         })
     }
     #[cfg(not(target_os = "linux"))]

@@ -6,7 +6,9 @@
 //! `body`. The writer sends header and body as separate iovecs.
 
 use crate::drr::HasLen;
-use crate::frame::{DATA_HEADER_LEN, T_ACK, T_CLOSE, T_GOODBYE, T_OPEN_SUCCESS};
+use crate::frame::{
+    write_data_header, DATA_HEADER_LEN, T_ACK, T_CLOSE, T_DATA, T_GOODBYE, T_OPEN_SUCCESS,
+};
 use bytes::{Buf, Bytes};
 
 /// The peer's stream id of an encoded frame addressed to a stream
@@ -74,6 +76,24 @@ impl OutFrame {
         self.head_left == 0 && matches!(self.body.first(), Some(&T_ACK | &T_GOODBYE))
     }
 
+    /// Cuts the first `n` payload bytes of a DATA frame not yet started
+    /// into a frame of their own (each part gets its own header; the
+    /// payload is shared, not copied): how a striped session fits a large
+    /// frame to a small chunk. `None` for other frames, or when `n` is not
+    /// within the payload.
+    pub fn split_data(&mut self, n: usize) -> Option<OutFrame> {
+        let whole = self.head_left as usize == DATA_HEADER_LEN && !self.started;
+        if !whole || self.head[0] != T_DATA || n == 0 || n >= self.body.len() {
+            return None;
+        }
+        let recipient = self.recipient?;
+        let first = self.body.split_to(n);
+        let mut h = [0u8; DATA_HEADER_LEN];
+        write_data_header(&mut h, recipient, n);
+        write_data_header(&mut self.head, recipient, self.body.len());
+        Some(OutFrame::data(h, first))
+    }
+
     pub fn head(&self) -> &[u8] {
         &self.head[DATA_HEADER_LEN - self.head_left as usize..]
     }
@@ -124,6 +144,31 @@ mod tests {
         assert_eq!(OutFrame::encoded(adj).recipient, Some(9));
         let ping = Frame::Ping { nonce: 9 }.to_bytes().unwrap();
         assert_eq!(OutFrame::encoded(ping).recipient, None);
+    }
+
+    #[test]
+    fn a_data_frame_splits_into_two_with_their_own_headers() {
+        use crate::frame::{decode, DecodeLimits, Frame};
+        let mut h = [0u8; DATA_HEADER_LEN];
+        write_data_header(&mut h, 5, 10);
+        let mut f = OutFrame::data(h, Bytes::from_static(b"0123456789"));
+        assert!(f.split_data(0).is_none());
+        assert!(f.split_data(10).is_none());
+        let first = f.split_data(4).unwrap();
+        let mut wire = bytes::BytesMut::new();
+        for p in [&first, &f] {
+            wire.extend_from_slice(p.head());
+            wire.extend_from_slice(&p.body);
+        }
+        let lim = DecodeLimits::default();
+        let data = |p: &[u8]| Frame::Data {
+            recipient: 5,
+            payload: Bytes::copy_from_slice(p),
+        };
+        assert_eq!(decode(&mut wire, lim).unwrap(), Some(data(b"0123")));
+        assert_eq!(decode(&mut wire, lim).unwrap(), Some(data(b"456789")));
+        let ping = Frame::Ping { nonce: 1 }.to_bytes().unwrap();
+        assert!(OutFrame::encoded(ping).split_data(2).is_none());
     }
 
     #[test]

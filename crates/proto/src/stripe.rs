@@ -33,16 +33,18 @@ pub const MAX_LANES: usize = 16;
 pub const CHUNK_MAX: usize = 512 << 10;
 /// Smallest chunk the sizing aims for (a chunk can be smaller when there is
 /// less to send).
-pub const CHUNK_MIN: usize = 16 << 10;
+pub const CHUNK_MIN: usize = 4 << 10;
 /// Chunk size before a lane has measured its rate.
 pub const CHUNK_START: usize = 64 << 10;
 /// A chunk is sized to this much time at its lane's delivery rate: small
 /// enough that a slow lane does not hold the session's next bytes for long,
 /// large enough that a fast lane's per-chunk costs stay small.
 pub const CHUNK_TIME: Duration = Duration::from_millis(4);
-/// The oldest unacknowledged chunk is sent again on another lane once it
-/// has waited this many of the slowest lane's round trips…
-pub const STALL_RTTS: u32 = 4;
+/// A chunk is sent again on another lane once it has waited this many of
+/// its lane's round trips beyond the lane's retransmission timeout (a lane
+/// repairing a loss with a fast retransmit or one timeout is left to it;
+/// one backing off, or silent, is not)…
+pub const STALL_RTTS: u32 = 2;
 /// …and at least this long.
 pub const STALL_MIN: Duration = Duration::from_millis(250);
 
@@ -54,9 +56,11 @@ pub fn chunk_target(rate: u64) -> usize {
     ((rate as f64 * CHUNK_TIME.as_secs_f64()) as usize).clamp(CHUNK_MIN, CHUNK_MAX)
 }
 
-/// How long the oldest chunk may wait before it is sent again elsewhere.
-pub fn stall_timeout(slowest_rtt: Duration) -> Duration {
-    (slowest_rtt * STALL_RTTS).max(STALL_MIN)
+/// How long a chunk may wait on a lane with round trip `rtt` and
+/// retransmission timeout `rto` before it is sent again elsewhere; `queued`:
+/// how long the lane needs to send what is queued in its socket ahead.
+pub fn stall_timeout(rtt: Duration, rto: Duration, queued: Duration) -> Duration {
+    (rto + rtt * STALL_RTTS + queued).max(STALL_MIN)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -270,17 +274,22 @@ impl Flight {
         self.resend.len() - before
     }
 
-    /// Checks the oldest chunk: if it has waited longer than `timeout` its
-    /// lane is stalled, and every chunk on that lane is queued to go again
-    /// elsewhere. Returns the stalled lane.
-    pub fn check_stall(&mut self, now: u64, timeout: Duration) -> Option<u64> {
-        let front = self.chunks.front()?;
-        if front.queued || now.saturating_sub(front.at) < timeout.as_nanos() as u64 {
-            return None;
+    /// Queues every chunk that has waited on its lane longer than that
+    /// lane's `timeout` to go again on another. Returns the lanes found
+    /// stalled (once each).
+    pub fn check_stall(&mut self, now: u64, timeout: impl Fn(u64) -> Duration) -> Vec<u64> {
+        let mut stalled: Vec<u64> = Vec::new();
+        for i in 0..self.chunks.len() {
+            let c = &self.chunks[i];
+            if c.queued || now.saturating_sub(c.at) < timeout(c.lane).as_nanos() as u64 {
+                continue;
+            }
+            if !stalled.contains(&c.lane) {
+                stalled.push(c.lane);
+            }
+            self.queue(i);
         }
-        let lane = front.lane;
-        self.lane_lost(lane);
-        Some(lane)
+        stalled
     }
 
     /// The next chunk lane `lane` should send again, if any.
@@ -368,10 +377,11 @@ mod tests {
         f.sent(0, 100, 1, 0);
         f.sent(100, 100, 2, 0);
         f.sent(200, 100, 1, 0);
-        assert_eq!(f.check_stall(10, Duration::from_nanos(100)), None);
-        assert_eq!(f.check_stall(200, Duration::from_nanos(100)), Some(1));
+        let t = |lane: u64| Duration::from_nanos(if lane == 1 { 100 } else { 1000 });
+        assert!(f.check_stall(10, t).is_empty());
+        assert_eq!(f.check_stall(200, t), vec![1]);
         // Queued once: no second stall for the same chunk.
-        assert_eq!(f.check_stall(300, Duration::from_nanos(100)), None);
+        assert!(f.check_stall(300, t).is_empty());
         // Lane 1 does not take its own chunks back.
         assert_eq!(f.take_resend(1), None);
         let r = f.take_resend(2).unwrap();
@@ -393,10 +403,47 @@ mod tests {
         assert_eq!(chunk_target(1000), CHUNK_MIN);
         assert_eq!(chunk_target(10_000_000_000), CHUNK_MAX);
         assert_eq!(chunk_target(25_000_000), 100_000);
-        assert_eq!(stall_timeout(Duration::from_millis(10)), STALL_MIN);
-        assert_eq!(
-            stall_timeout(Duration::from_millis(100)),
-            Duration::from_millis(400)
-        );
+        assert_eq!(chunk_target(100_000), CHUNK_MIN);
+        let ms = Duration::from_millis;
+        assert_eq!(stall_timeout(ms(10), ms(200), ms(0)), STALL_MIN);
+        assert_eq!(stall_timeout(ms(100), ms(300), ms(20)), ms(520));
+    }
+
+    proptest::proptest! {
+        /// Chunks cut anywhere, spread over lanes that deliver in any
+        /// order, some sent twice: the stream comes out whole, once.
+        #[test]
+        fn any_arrival_order_gives_the_stream_back_once(
+            cuts in proptest::collection::vec(1usize..5000, 1..60),
+            order in proptest::collection::vec(proptest::prelude::any::<u32>(), 60),
+            twice in proptest::collection::vec(proptest::prelude::any::<bool>(), 60),
+        ) {
+            let total: usize = cuts.iter().sum();
+            let stream: Vec<u8> = (0..total).map(|i| (i * 7 + i / 251) as u8).collect();
+            let mut chunks = vec![];
+            let mut at = 0;
+            for (i, n) in cuts.iter().enumerate() {
+                chunks.push((at as u64, BytesMut::from(&stream[at..at + n])));
+                if twice[i] {
+                    chunks.push((at as u64, BytesMut::from(&stream[at..at + n])));
+                }
+                at += n;
+            }
+            // A random permutation (lanes overtaking each other).
+            let mut keyed: Vec<_> = chunks.into_iter().enumerate()
+                .map(|(i, c)| (order[i % order.len()].wrapping_mul(i as u32 + 1), c))
+                .collect();
+            keyed.sort_by_key(|k| k.0);
+            let mut r = Reorder::new(1 << 20);
+            let mut out = Vec::new();
+            for (_, (off, data)) in keyed {
+                r.insert(off, data).unwrap();
+                while let Some(run) = r.pop() {
+                    out.extend_from_slice(&run);
+                }
+            }
+            proptest::prop_assert_eq!(out, stream);
+            proptest::prop_assert_eq!(r.held(), 0);
+        }
     }
 }

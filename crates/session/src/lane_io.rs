@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
 use longhaul_carrier::{BoxRead, BoxWrite, PathProbe};
-use longhaul_proto::frame::{self, DecodeLimits, Frame, MAX_FRAME_LEN};
+use longhaul_proto::frame::{self, DecodeLimits, Frame, DATA_HEADER_LEN, MAX_FRAME_LEN};
 use longhaul_proto::outframe::OutFrame;
 use longhaul_proto::stripe::{chunk_target, CHUNK_MAX};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -36,6 +36,8 @@ const MAX_CHUNK_FRAMES: usize = 64;
 /// Bytes a chunk is filled to at most before its last frame (which may
 /// overshoot by one frame).
 const CHUNK_FILL: usize = CHUNK_MAX - MAX_FRAME_LEN;
+/// Smallest part of a DATA frame cut off to fill a chunk.
+const MIN_SPLIT: usize = 1024;
 /// How long the GOODBYE of a closing session may wait for the lane.
 const GOODBYE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -144,12 +146,19 @@ fn take_job(shared: &Arc<Shared>, id: u64, target: usize) -> Take {
         let mut batch = VecDeque::new();
         let mut goodbye = None;
         let mut more = false;
+        let mut bytes = 0;
+        if limit > 0 {
+            if let Some(c) = s.carry.take() {
+                bytes = c.remaining();
+                batch.push_back(c);
+            }
+        }
+        let carried = !batch.is_empty();
         let dead = shared.with(|m, _| {
             if m.dead().is_some() {
                 return true;
             }
-            if limit > 0 {
-                let mut bytes = 0;
+            if limit > bytes {
                 let mut control_left = true;
                 while bytes < limit && batch.len() < MAX_CHUNK_FRAMES {
                     match m.pop_control_if(|_| true) {
@@ -170,13 +179,15 @@ fn take_job(shared: &Arc<Shared>, id: u64, target: usize) -> Take {
             more = m.has_output();
             goodbye = m
                 .goodbye_done()
-                .filter(|_| batch.is_empty() && !more)
+                .filter(|_| batch.is_empty() && !more && !carried)
                 .map(str::to_owned);
             false
         });
         if dead {
             return Take::Closed;
         }
+        fit_to_chunk(&mut batch, limit, &mut s.carry);
+        more |= s.carry.is_some();
         if let Some(why) = goodbye {
             return Take::Goodbye(why);
         }
@@ -207,6 +218,30 @@ fn take_job(shared: &Arc<Shared>, id: u64, target: usize) -> Take {
     }
     let (pieces, len) = chunk_pieces(ack, offset, frames);
     Take::Job(pieces, len, resent)
+}
+
+/// Cuts the chunk at `limit` bytes: a DATA frame reaching past it is split
+/// there (a 64 KiB frame would otherwise hold a slow lane for a long time),
+/// the rest kept in `carry` for the next chunk.
+fn fit_to_chunk(batch: &mut VecDeque<OutFrame>, limit: usize, carry: &mut Option<OutFrame>) {
+    let total: usize = batch.iter().map(OutFrame::remaining).sum();
+    if total <= limit {
+        return;
+    }
+    let Some(last) = batch.back_mut() else {
+        return;
+    };
+    let before = total - last.remaining();
+    let keep = limit.saturating_sub(before + DATA_HEADER_LEN);
+    if keep >= MIN_SPLIT {
+        if let Some(first) = last.split_data(keep) {
+            *carry = batch.pop_back();
+            batch.push_back(first);
+        }
+    } else if before > 0 && !last.started {
+        // Too little room left to be worth a frame: all of it next time.
+        *carry = batch.pop_back();
+    }
 }
 
 pub(crate) async fn lane_writer(

@@ -43,7 +43,15 @@ pub(crate) struct Stripes {
     pub ack_now: bool,
     /// The GOODBYE chunk was written by one of the lanes.
     pub goodbye_sent: bool,
+    /// When a stalled lane may be logged again.
+    pub next_stall_log: u64,
+    /// The rest of a DATA frame cut to fit the last chunk: the next frame
+    /// to send, before anything from the multiplexer.
+    pub carry: Option<OutFrame>,
 }
+
+/// Stalled lanes are logged at most this often.
+const STALL_LOG_EVERY: Duration = Duration::from_secs(5);
 
 impl Stripes {
     /// `own_limit`: this side's replay bound, which the peer's sender
@@ -57,6 +65,8 @@ impl Stripes {
             live: HashSet::new(),
             ack_now: false,
             goodbye_sent: false,
+            next_stall_log: 0,
+            carry: None,
         }
     }
 }
@@ -134,6 +144,9 @@ impl Shared {
         }
         let stop = Arc::new(Notify::new());
         let probe: Option<Arc<dyn PathProbe>> = carrier.probe.map(Arc::from);
+        if let Some(p) = &probe {
+            p.set_floor(longhaul_carrier::LANE_NOTSENT_MIN);
+        }
         let counters = Arc::new(LaneCounters::default());
         let reader = tokio::spawn(lane_reader(
             self.clone(),
@@ -256,11 +269,36 @@ impl Shared {
             .collect()
     }
 
-    /// On the housekeeping tick: a chunk stuck on a stalled lane goes on
+    /// On the housekeeping tick: chunks stuck on a stalled lane go on
     /// another, and an ACK is owed for what arrived since the last one.
+    /// `slowest_rtt`: for lanes without a TCP socket to ask.
     pub(crate) fn stripe_tick(self: &Arc<Self>, slowest_rtt: Duration) {
+        use longhaul_proto::stripe::stall_timeout;
         let now = self.now_ns();
-        let (stalled, wake) = {
+        // Each lane's patience: its RTO, a few RTTs, and what its socket
+        // still has to send ahead of a new chunk.
+        let fallback = stall_timeout(slowest_rtt, Duration::from_millis(200), Duration::ZERO);
+        let timeouts: Vec<(u64, u8, Duration)> = self
+            .slot()
+            .lanes
+            .iter()
+            .map(|l| {
+                let t = l
+                    .probe
+                    .as_ref()
+                    .and_then(|p| p.path())
+                    .map_or(fallback, |p| {
+                        let rtt = p.rtt.unwrap_or(slowest_rtt);
+                        let queued = match p.delivery_rate {
+                            0 => Duration::ZERO,
+                            r => Duration::from_secs_f64(p.notsent as f64 / r as f64),
+                        };
+                        stall_timeout(rtt, p.rto.unwrap_or(fallback), queued)
+                    });
+                (l.id, l.number, t)
+            })
+            .collect();
+        let (stalled, wake, log) = {
             let Some(mut g) = self.link() else {
                 return;
             };
@@ -268,28 +306,37 @@ impl Shared {
             let Some(s) = l.stripes.as_mut() else {
                 return;
             };
-            let timeout = longhaul_proto::stripe::stall_timeout(slowest_rtt);
             let stalled = if s.live.len() > 1 {
-                s.flight.check_stall(now, timeout)
+                let of = |id: u64| {
+                    timeouts
+                        .iter()
+                        .find(|t| t.0 == id)
+                        .map_or(fallback, |t| t.2)
+                };
+                s.flight.check_stall(now, of)
             } else {
-                None
+                Vec::new()
             };
             if l.rx.received() > l.rx.told() {
                 s.ack_now = true;
             }
-            (stalled, stalled.is_some() || s.ack_now)
+            // Logged at most every few seconds: a lossy path stalls often.
+            let log = !stalled.is_empty() && now >= s.next_stall_log;
+            if log {
+                s.next_stall_log = now + STALL_LOG_EVERY.as_nanos() as u64;
+            }
+            let wake = !stalled.is_empty() || s.ack_now;
+            (stalled, wake, log)
         };
-        if let Some(id) = stalled {
-            let number = self
-                .slot()
-                .lanes
+        if log {
+            let numbers: Vec<u8> = stalled
                 .iter()
-                .find(|l| l.id == id)
-                .map_or(0, |l| l.number);
+                .filter_map(|id| timeouts.iter().find(|t| t.0 == *id).map(|t| t.1))
+                .collect();
             tracing::info!(
                 peer = %self.peer,
-                lane = number,
-                "lane stalled: its unacknowledged chunks go again on the others"
+                lanes = ?numbers,
+                "lane stalled: its chunks waiting too long go again on the others"
             );
         }
         if wake {
