@@ -138,6 +138,13 @@ impl PathProbe for TcpProbe {
         }
         let want = (p.delivery_rate as f64 * SEND_QUEUE_TIME.as_secs_f64()) as u64;
         let floor = self.floor.load(Ordering::Relaxed);
+        // A lane (a floor below the usual) keeps half a window unsent, so
+        // that each ACK finds data to send: a sender that runs dry is not
+        // window-limited, and the kernel then stops growing its window.
+        let want = match floor < NOTSENT_MIN {
+            true => want.max(p.cwnd_bytes / 2),
+            false => want,
+        };
         let want = want.clamp(floor as u64, NOTSENT_MAX as u64) as u32;
         let have = self.lowat.load(Ordering::Relaxed);
         // Only touch the socket when the change is worth it (> 25 %).

@@ -20,6 +20,8 @@ pub struct TcpPath {
     pub rto: Option<Duration>,
     /// Bytes written and not yet sent (TCP_INFO.tcpi_notsent_bytes).
     pub notsent: u32,
+    /// Congestion window in bytes (tcpi_snd_cwnd × tcpi_snd_mss).
+    pub cwnd_bytes: u64,
 }
 
 /// Smoothed RTT of a TCP socket as the kernel sees it.
@@ -57,6 +59,7 @@ pub fn tcp_path(sock: &socket2::Socket) -> Option<TcpPath> {
             retransmits: info.tcpi_total_retrans,
             rto: (info.tcpi_rto != 0).then(|| Duration::from_micros(info.tcpi_rto as u64)),
             notsent: info.tcpi_notsent_bytes,
+            cwnd_bytes: info.tcpi_snd_cwnd as u64 * info.tcpi_snd_mss as u64,
         })
     }
     #[cfg(not(target_os = "linux"))]
