@@ -191,11 +191,68 @@ pub fn server_config(id: &Identity) -> Result<Arc<rustls::ServerConfig>, rustls:
             sigs: Signatures(p.signature_verification_algorithms),
         }))
         .with_single_cert(vec![id.cert.clone()], id.private_key())?;
-    // A client makes one carrier per run, so resumption tickets would only
-    // cost work and server memory.
-    cfg.send_tls13_tickets = 0;
+    // Resumption tickets let a client's next carriers — the lanes of a
+    // striped session, a redial after a drop — skip the certificate and
+    // signature work (still a fresh ECDHE). Stateless: sealed with a key
+    // that lives in this process only, so they cost the server no memory;
+    // the client's key is carried inside them, so the identity a resumed
+    // carrier shows is the one that was verified.
+    cfg.send_tls13_tickets = TICKETS;
     cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    cfg.ticketer = rustls::crypto::ring::Ticketer::new()?;
     Ok(Arc::new(cfg))
+}
+
+/// Server handshakes that resumed an earlier session, in this process.
+static RESUMED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many server handshakes in this process resumed a session (a
+/// client's second and later carriers).
+pub fn resumed_handshakes() -> u64 {
+    RESUMED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Tickets a server hands out per handshake: enough for a client to add
+/// the lanes of a striped session at once.
+const TICKETS: usize = 8;
+
+/// What a client keeps across the carriers it dials to one server key,
+/// so that later carriers (the lanes of a striped session, redials)
+/// resume the first one's TLS session: rustls resumes only with the very
+/// same verifier and client-key objects, so the config is made once.
+#[derive(Debug, Clone, Default)]
+pub struct SessionCache(Arc<Mutex<Option<CachedConfig>>>);
+
+type CachedConfig = (Fingerprint, Arc<rustls::ClientConfig>, Arc<PinVerifier>);
+
+impl SessionCache {
+    /// The config and verifier for a server whose key must be `expected`,
+    /// made once and resuming. Without an expected key (trust on first
+    /// use), a fresh one each time, without resumption: a session resumed
+    /// from an unchecked first contact would skip the check that comes
+    /// next.
+    pub fn config(
+        &self,
+        id: Option<&Identity>,
+        expected: Option<Fingerprint>,
+    ) -> Result<(Arc<rustls::ClientConfig>, Arc<PinVerifier>), rustls::Error> {
+        let Some(fp) = expected else {
+            let v = PinVerifier::new(None);
+            return Ok((client_config(id, v.clone())?, v));
+        };
+        let mut cached = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((have, cfg, v)) = cached.as_ref() {
+            if *have == fp {
+                return Ok((cfg.clone(), v.clone()));
+            }
+        }
+        let v = PinVerifier::new(Some(fp));
+        let mut cfg = Arc::unwrap_or_clone(client_config(id, v.clone())?);
+        cfg.resumption = rustls::client::Resumption::in_memory_sessions(4 * TICKETS);
+        let cfg = Arc::new(cfg);
+        *cached = Some((fp, cfg.clone(), v.clone()));
+        Ok((cfg, v))
+    }
 }
 
 /// Client side: the server must match `verifier`; we present `id` if given.
@@ -259,6 +316,9 @@ where
     let io = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, io);
     let mut tls = tokio_rustls::TlsAcceptor::from(cfg).accept(io).await?;
     tls.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER));
+    if tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+        RESUMED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     let fp = tls
         .get_ref()
         .1

@@ -56,6 +56,18 @@ fn wrong_arguments_get_one_line_that_says_what_to_do() {
         ),
         (&["bench", "tput", "127.0.0.1:1", "-P", "0"], "--parallel"),
         (&["frobnicate"], "unrecognized subcommand"),
+        (
+            &["client", "tcp://x:1?stripes=99", "-L", "1:a:1"],
+            "give a number of lanes from 1 to 16",
+        ),
+        (
+            &["client", "tcp://x:1?lanes=2", "-L", "1:a:1"],
+            "the one option is ?stripes=K",
+        ),
+        (
+            &["server", "--listen", "127.0.0.1:0", "--max-stripes", "0"],
+            "give a number of lanes from 1 to 16",
+        ),
     ];
     for (args, want) in cases {
         let (code, err) = run_err(args);

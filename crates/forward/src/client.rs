@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use longhaul_carrier::tls::PinVerifier;
 use longhaul_carrier::{
     accept_with_backoff, bind_listener, CarrierUrl, DialOptions, Fingerprint, Identity, Transport,
 };
@@ -44,6 +43,9 @@ pub struct ClientConfig {
     /// fresh one when the server no longer has it. Off in JMUX mode and
     /// for `cmd://` (see [`ClientConfig::reconnects`]).
     pub reconnect: bool,
+    /// TLS sessions to resume: the lanes of a striped session and redials
+    /// skip the full handshake.
+    pub tls_sessions: longhaul_carrier::tls::SessionCache,
 }
 
 impl ClientConfig {
@@ -62,6 +64,7 @@ impl ClientConfig {
             session: SessionConfig::default(),
             congestion: None,
             reconnect: true,
+            tls_sessions: Default::default(),
         }
     }
 
@@ -111,11 +114,11 @@ pub(crate) async fn connect(config: &ClientConfig) -> anyhow::Result<longhaul_ca
             Known::Key(fp, _) => Some(fp),
             Known::Unknown => None,
         });
-        let v = PinVerifier::new(expected);
-        opts.tls = Some(
-            longhaul_carrier::tls::client_config(config.identity.as_ref(), v.clone())
-                .context("TLS setup failed")?,
-        );
+        let (tls, v) = config
+            .tls_sessions
+            .config(config.identity.as_ref(), expected)
+            .context("TLS setup failed")?;
+        opts.tls = Some(tls);
         verifier = Some((v, expected));
     } else if !matches!(url, CarrierUrl::Cmd { .. }) {
         // Once per process: the demo and tests make many sessions.

@@ -150,8 +150,14 @@ async fn four_streams_over_four_tls_lanes_arrive_intact() {
     cfg.local = vec![fwd("127.0.0.1", target.0.port())];
     cfg.session = quick_session();
     cfg.session.stripes = LANES;
+    let before = longhaul_carrier::tls::resumed_handshakes();
     let client = Client::start(cfg).await.unwrap();
     until_lanes(&client, LANES as usize).await;
+    // The later lanes resumed the first lane's TLS session.
+    assert!(
+        longhaul_carrier::tls::resumed_handshakes() > before,
+        "every lane made a full TLS handshake"
+    );
     transfer_while(&client, target, progress, |p| async move {
         until_progress(&p, 0.5).await;
         relay.reset_one(3);

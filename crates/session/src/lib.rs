@@ -19,6 +19,10 @@
 //!   every frame written is kept until the peer acknowledges it, so that
 //!   when the carrier drops the session is detached rather than closed,
 //!   and resumes on a new carrier with nothing lost or repeated;
+//! * a striped session's **lanes** ([`lanes`], [`lane_io`]): several
+//!   carriers under one link layer; each lane's writer takes chunks when
+//!   its socket has room, readers put chunks back in order, and a lost or
+//!   stalled lane's chunks go again on the others;
 //! * a **housekeeping** tick (not on the data path): keepalive PINGs, RTT
 //!   sampling, dead-peer and idle detection.
 //!
