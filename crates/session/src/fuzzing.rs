@@ -8,6 +8,11 @@
 //!   loopback sockets for the streams either side opens. The session must
 //!   neither panic nor hang: once the peer's bytes end, it must close
 //!   within a deadline, and everything it wrote must be well-formed frames.
+//! * [`lane_peer`]: any bytes as the lane of a striped session (after a
+//!   valid hello and attach granting two lanes): CHUNK and ACK messages
+//!   with any offsets and lengths, whatever they carry. The session must
+//!   neither panic nor hang: once the bytes end it must be closed or
+//!   waiting for a resume within a deadline.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -323,6 +328,130 @@ pub fn mux_peer(data: &[u8]) {
                 Ok(Some(_)) => {}
                 other => panic!("the core wrote a malformed frame: {other:?}"),
             }
+        }
+    }
+}
+
+/// Runs one striped session whose only lane carries `data` from the peer.
+/// The first byte picks how many streams our side opens first.
+pub fn lane_peer(data: &[u8]) {
+    let Some((&sel, rest)) = data.split_first() else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let done =
+        rt.block_on(async { tokio::time::timeout(SESSION_DEADLINE, run_lane(sel, rest)).await });
+    assert!(
+        done.is_ok(),
+        "striped session did not finish within {SESSION_DEADLINE:?}"
+    );
+}
+
+async fn run_lane(sel: u8, peer_bytes: &[u8]) {
+    use longhaul_proto::handshake::FEATURE_RESUME;
+    use longhaul_proto::resume::{Attached, Secret, SessionId, ATTACH_LEN};
+    let (ours, theirs) = tokio::io::duplex(256 * 1024);
+    let (r, w) = tokio::io::split(ours);
+    let carrier = Carrier {
+        reader: Box::new(r),
+        writer: Box::new(w),
+        probe: None,
+        urgent: None,
+        urgent_flag: None,
+        peer: "fuzz".into(),
+    };
+    let config = SessionConfig {
+        max_streams: 16,
+        budget: 4 << 20,
+        handshake_timeout: Duration::from_secs(2),
+        open_timeout: Duration::from_secs(2),
+        replay_limit: 1 << 20,
+        stripes: 2,
+        ..SessionConfig::default()
+    };
+    let (mut peer_r, mut peer_w) = tokio::io::split(theirs);
+    let input = peer_bytes.to_vec();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let writer = tokio::spawn(async move {
+        let mut hello = Hello::ours(u16::MAX);
+        hello.features |= FEATURE_RESUME;
+        peer_w.write_all(&hello.encode()).await?;
+        let granted = Attached::New {
+            id: SessionId([1; 16]),
+            secret: Secret([2; 32]),
+            replay_limit: 1 << 20,
+            lanes: 2,
+        };
+        peer_w.write_all(&granted.encode()).await?;
+        let _ = go_rx.await;
+        for part in split_pauses(&input) {
+            peer_w.write_all(part).await?;
+            tokio::time::sleep(PEER_LINGER).await;
+        }
+        peer_w.shutdown().await
+    });
+    // Our side's hello and attach, then what the lane writes.
+    let reader = tokio::spawn(async move {
+        let mut out = Vec::new();
+        let _ = peer_r.read_to_end(&mut out).await;
+        out
+    });
+    let Ok(handle) = Session::start(carrier, config, Arc::new(SinkAcceptor)).await else {
+        let _ = writer.await;
+        return;
+    };
+    for i in 0..((sel >> 1) & 3) {
+        let h = handle.clone();
+        tokio::spawn(async move {
+            if let Ok(opened) = h.open(&format!("tcp://target-{i}:80")).await {
+                if let Ok(sock) = TcpStream::connect(sink()).await {
+                    opened.attach(sock);
+                }
+            }
+        });
+    }
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+    let _ = go_tx.send(());
+    let _ = writer.await;
+    // The lane has ended: closed, or waiting for a resume.
+    let _ = handle.detached().await;
+    handle.close("fuzz input done");
+    handle.closed().await;
+    let out = reader.await.unwrap_or_default();
+    let skip = longhaul_proto::handshake::HELLO_LEN + ATTACH_LEN;
+    if out.len() < skip {
+        return;
+    }
+    // Everything the lane wrote: ACK and CHUNK messages, each chunk's
+    // bytes well-formed frames.
+    let mut buf = BytesMut::from(&out[skip..]);
+    let limits = DecodeLimits {
+        max_frame: u16::MAX as usize,
+        extensions: true,
+    };
+    loop {
+        match frame::decode(&mut buf, limits) {
+            Ok(Some(frame::Frame::Ack { .. })) => {}
+            Ok(Some(frame::Frame::Chunk { len, .. })) => {
+                if buf.len() < len as usize {
+                    break; // cut off by the close
+                }
+                let mut chunk = buf.split_to(len as usize);
+                while !chunk.is_empty() {
+                    match frame::decode(&mut chunk, limits) {
+                        Ok(Some(_)) => {}
+                        other => panic!("the lane wrote a malformed chunk: {other:?}"),
+                    }
+                }
+            }
+            Ok(Some(f)) => panic!("the lane wrote {f:?} outside a chunk"),
+            Ok(None) => break,
+            Err(e) => panic!("the lane wrote an invalid message: {e}"),
         }
     }
 }

@@ -36,6 +36,14 @@ fn session_corpus() {
 }
 
 #[test]
+fn lane_corpus() {
+    for (name, data) in corpus("lane") {
+        eprintln!("{name}");
+        fuzzing::lane_peer(&data);
+    }
+}
+
+#[test]
 fn mux_corpus() {
     // The session corpus is the same format (mode byte, then the peer's
     // bytes); the mux target's own corpus grows from it.
