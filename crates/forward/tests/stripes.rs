@@ -167,6 +167,29 @@ async fn four_streams_over_four_tls_lanes_arrive_intact() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_streams_over_four_websocket_lanes_arrive_intact() {
+    logs();
+    let _dump = DumpLogsOnPanic;
+    let progress = Arc::new(AtomicU64::new(0));
+    let target = hashing_target(progress.clone()).await;
+    let mut scfg = ServerConfig::new("ws://127.0.0.1:0/tunnel".parse().unwrap());
+    scfg.auth.insecure = true;
+    scfg.rules = Rules::new(vec![target.0.to_string().parse().unwrap()], false);
+    scfg.session = quick_session();
+    let server = run(scfg).await;
+    let mut cfg = ClientConfig::new(format!("ws://{server}/tunnel").parse().unwrap());
+    cfg.insecure = true;
+    cfg.local = vec![fwd("127.0.0.1", target.0.port())];
+    cfg.session = quick_session();
+    cfg.session.stripes = LANES;
+    let client = Client::start(cfg).await.unwrap();
+    until_lanes(&client, LANES as usize).await;
+    transfer_while(&client, target, progress, |_| async {}).await;
+    let s = client.session();
+    assert!(s.lane_stats().iter().all(|l| l.bytes_sent > 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_grants_no_more_lanes_than_it_allows() {
     logs();
     let _dump = DumpLogsOnPanic;
