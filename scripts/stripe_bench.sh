@@ -14,7 +14,8 @@
 # iperf3 server; K=1 is one carrier. ROUNDS rounds, interleaved: direct,
 # then each K. Prints Mbit/s and ratios; needs root and iperf3.
 # Env: ROUNDS (3), TIME (15), OMIT (3), P (1: iperf3 -P), LH, MPTCP (1: also
-# direct MPTCP with 4 subflows, via mptcpize).
+# direct MPTCP with 4 subflows, via mptcpize), CARRIER (tcp, or tls: pinned
+# keys made for the run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LH=${LH:-target/release/longhaul}
@@ -38,12 +39,20 @@ else
   B=("$LH" -q netem --name $NAME exec b --)
   SIP=198.18.0.2
 fi
+scheme=tcp; sopts=(--insecure); copts=(--insecure)
+if [ "${CARRIER:-tcp}" = tls ]; then
+  keys=$(mktemp -d)
+  "$LH" -q keygen --out "$keys/s.key" >/dev/null
+  "$LH" -q keygen --out "$keys/c.key" > "$keys/ak"
+  scheme=tls; sopts=(--key "$keys/s.key" --authorized-keys "$keys/ak")
+  copts=(--key "$keys/c.key" --pin "$(cut -d' ' -f1 "$keys/s.key.pub")")
+fi
 "${B[@]}" iperf3 -s -p 5202 >/dev/null 2>&1 & pids+=($!)
-"${B[@]}" "$LH" -q server --listen tcp://$SIP:7000 --insecure --allow 127.0.0.1:5202 \
+"${B[@]}" "$LH" -q server --listen $scheme://$SIP:7000 "${sopts[@]}" --allow 127.0.0.1:5202 \
   --congestion "$cc" --max-stripes 16 2>/tmp/stripe_bench_server.log & pids+=($!)
 sleep 1
 for k in "${ks[@]}"; do
-  "${A[@]}" "$LH" -q client "tcp://$SIP:7000?stripes=$k" --insecure --congestion "$cc" \
+  "${A[@]}" "$LH" -q client "$scheme://$SIP:7000?stripes=$k" "${copts[@]}" --congestion "$cc" \
     -L "127.0.0.1:$((6000 + k)):127.0.0.1:5202" 2>"/tmp/stripe_bench_client$k.log" & pids+=($!)
 done
 sleep 3
@@ -70,7 +79,7 @@ if [ "${MPTCP:-0}" = 1 ]; then
   "${B[@]}" mptcpize run iperf3 -s -p 5203 >/dev/null 2>&1 & pids+=($!)
   sleep 1
 fi
-echo "one-way delay $delay, loss $loss, rate $rate, $cc, iperf3 -P $P, $TIME s (+$OMIT s warm-up), $ROUNDS rounds"
+echo "${CARRIER:-tcp} carriers, one-way delay $delay, loss $loss, rate $rate, $cc, iperf3 -P $P, $TIME s (+$OMIT s warm-up), $ROUNDS rounds"
 for r in $(seq "$ROUNDS"); do
   d=$(run $SIP 5202)
   line="round $r: direct $d"
