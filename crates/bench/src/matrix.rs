@@ -286,6 +286,7 @@ async fn run_inner(a: &MatrixOptions) -> anyhow::Result<()> {
             rate_bps: a.rate,
             loss: a.loss,
             loss_back: None,
+            link2: None,
             queue_bytes: None,
             tcp_buffer_max: a.tcp_buffers,
         };

@@ -21,6 +21,9 @@ use crate::{set_congestion, tls, ws, Carrier};
 pub struct DialOptions {
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub congestion: Option<String>,
+    /// Leave from this local address (an uplink of its own, for the lanes
+    /// of a striped session bonding several).
+    pub bind: Option<std::net::IpAddr>,
 }
 
 fn need_tls(url: &CarrierUrl) -> io::Error {
@@ -30,6 +33,27 @@ fn need_tls(url: &CarrierUrl) -> io::Error {
     )
 }
 
+/// Connects to `addr` from the local address `local` (the first of
+/// `addr`'s addresses of the same family).
+async fn connect_from(local: std::net::IpAddr, addr: &str) -> io::Result<TcpStream> {
+    let to = tokio::net::lookup_host(addr)
+        .await?
+        .find(|a| a.is_ipv4() == local.is_ipv4())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::AddrNotAvailable,
+                format!("{addr} has no address of the same family as {local}"),
+            )
+        })?;
+    let sock = match local {
+        std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    sock.bind(std::net::SocketAddr::new(local, 0))
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot leave from {local}: {e}")))?;
+    sock.connect(to).await
+}
+
 /// Connects a carrier. For `cmd://` the command runs until the carrier's
 /// read half is dropped.
 pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
@@ -37,7 +61,10 @@ pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
         CarrierUrl::Cmd { command } => return spawn_command(command),
         CarrierUrl::Net { transport, addr } => (transport, addr),
     };
-    let tcp = TcpStream::connect(addr.as_str()).await?;
+    let tcp = match opts.bind {
+        None => TcpStream::connect(addr.as_str()).await?,
+        Some(local) => connect_from(local, addr).await?,
+    };
     if let Some(cc) = &opts.congestion {
         set_congestion(&tcp, cc)?;
     }

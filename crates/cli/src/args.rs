@@ -95,6 +95,22 @@ fn parse_rate(s: &str) -> Result<u64, String> {
 fn parse_loss(s: &str) -> Result<f64, String> {
     longhaul_netem::parse_loss(s)
 }
+fn parse_link2(s: &str) -> Result<longhaul_netem::Link2, String> {
+    let mut parts = s.split(',');
+    let delay = parse_delay(parts.next().unwrap_or_default())?;
+    let rate = parts.next().map(parse_rate).transpose()?;
+    let loss = parts.next().map(parse_loss).transpose()?.unwrap_or(0.0);
+    if parts.next().is_some() {
+        return Err(format!(
+            "--link2 {s}: give DELAY[,RATE[,LOSS]], e.g. 30ms,200mbit"
+        ));
+    }
+    Ok(longhaul_netem::Link2 {
+        delay_us: delay.as_micros() as u64,
+        rate_bps: rate,
+        loss,
+    })
+}
 
 #[derive(Subcommand, Debug)]
 pub enum NetemCmd {
@@ -112,6 +128,9 @@ pub enum NetemCmd {
         /// Random loss b→a when it differs from a→b (then --loss is a→b only).
         #[arg(long, value_name = "LOSS", value_parser = parse_loss)]
         loss_back: Option<f64>,
+        /// A second link, e.g. 30ms,200mbit[,0.1%]: a sends from 198.18.1.1 over it, b answers on 198.18.1.2.
+        #[arg(long, value_name = "DELAY[,RATE[,LOSS]]", value_parser = parse_link2)]
+        link2: Option<longhaul_netem::Link2>,
         /// Tail-drop queue in bytes (default: one BDP at the rate cap).
         #[arg(long, value_name = "SIZE", value_parser = parse_size)]
         queue: Option<u64>,
@@ -272,6 +291,8 @@ fn parse_listen_url(s: &str) -> Result<ListenUrl, String> {
 pub struct ServerUrl {
     pub url: CarrierUrl,
     pub stripes: Option<u8>,
+    /// Local addresses the lanes leave from, in turn (`?via=IP1,IP2`).
+    pub via: Vec<std::net::IpAddr>,
 }
 
 fn parse_server_url(s: &str) -> Result<ServerUrl, String> {
@@ -281,17 +302,25 @@ fn parse_server_url(s: &str) -> Result<ServerUrl, String> {
     };
     let url: CarrierUrl = base.parse()?;
     let mut stripes = None;
+    let mut via = Vec::new();
     for kv in query.into_iter().flat_map(|q| q.split('&')) {
         match kv.split_once('=') {
             Some(("stripes", k)) => stripes = Some(parse_stripes(k)?),
+            Some(("via", ips)) => {
+                for ip in ips.split(',') {
+                    via.push(ip.parse().map_err(|_| {
+                        format!("via={ips}: '{ip}' is not an IP address (give local addresses, e.g. via=192.0.2.10,198.51.100.7)")
+                    })?);
+                }
+            }
             _ => {
                 return Err(format!(
-                    "unknown option '{kv}' in the server address; the one option is ?stripes=K"
+                    "unknown option '{kv}' in the server address; the options are ?stripes=K&via=IP1,IP2"
                 ))
             }
         }
     }
-    Ok(ServerUrl { url, stripes })
+    Ok(ServerUrl { url, stripes, via })
 }
 
 fn parse_stripes(k: &str) -> Result<u8, String> {

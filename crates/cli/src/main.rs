@@ -273,6 +273,7 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     cfg.congestion = a.session.congestion.clone();
     cfg.reconnect = !a.no_reconnect;
     cfg.session.stripes = stripes;
+    cfg.via = a.server.via.clone();
     if cfg.local.is_empty() && cfg.remote.is_empty() && cfg.socks.is_empty() && cfg.http.is_empty()
     {
         anyhow::bail!("nothing to forward: give at least one of -L, -R, -D or --http-proxy");
@@ -318,6 +319,7 @@ fn netem(n: NetemArgs) -> anyhow::Result<()> {
             rate,
             loss,
             loss_back,
+            link2,
             queue,
             tcp_buffers,
         } => {
@@ -327,6 +329,7 @@ fn netem(n: NetemArgs) -> anyhow::Result<()> {
                 rate_bps: rate,
                 loss,
                 loss_back,
+                link2,
                 queue_bytes: queue,
                 tcp_buffer_max: tcp_buffers,
             };
@@ -378,7 +381,11 @@ fn netem(n: NetemArgs) -> anyhow::Result<()> {
                     s.config.loss_back.unwrap_or(s.config.loss) * 100.0,
                     s.offload
                 );
-                for (dir, d) in [("a→b", &s.a_to_b), ("b→a", &s.b_to_a)] {
+                let mut dirs = vec![("a→b", &s.a_to_b), ("b→a", &s.b_to_a)];
+                if let Some([ab, ba]) = &s.link2 {
+                    dirs.extend([("link 2 a→b", ab), ("link 2 b→a", ba)]);
+                }
+                for (dir, d) in dirs {
                     println!(
                         "  {dir}: {} packets, {} bytes, {} queue drops, {} lost, {} late (>1 ms), worst lateness {:.0} µs",
                         d.packets, d.bytes, d.queue_drops, d.lost, d.late_releases, d.worst_lateness_us

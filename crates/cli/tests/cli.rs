@@ -62,7 +62,7 @@ fn wrong_arguments_get_one_line_that_says_what_to_do() {
         ),
         (
             &["client", "tcp://x:1?lanes=2", "-L", "1:a:1"],
-            "the one option is ?stripes=K",
+            "the options are ?stripes=K&via=IP1,IP2",
         ),
         (
             &["server", "--listen", "127.0.0.1:0", "--max-stripes", "0"],

@@ -139,6 +139,19 @@ fn thirty_two_mib_through_a_lossy_wan_arrive_intact() {
 }
 
 #[test]
+fn thirty_two_mib_bonded_over_two_emulated_links_arrive_intact() {
+    if !root_or_skip("thirty_two_mib_bonded_over_two_emulated_links_arrive_intact") {
+        return;
+    }
+    thirty_two_mib_through(
+        "tbond",
+        &["--rate", "500mbit", "--link2", "40ms,200mbit,0.5%"],
+        "tcp://198.18.0.2:7000?stripes=4&via=198.18.0.1,198.18.1.1",
+        4,
+    );
+}
+
+#[test]
 fn thirty_two_mib_striped_over_four_lossy_lanes_arrive_intact() {
     if !root_or_skip("thirty_two_mib_striped_over_four_lossy_lanes_arrive_intact") {
         return;
@@ -231,17 +244,37 @@ fn thirty_two_mib_through(name: &'static str, loss: &[&str], url: &str, lanes: u
         .args(["state", "established", "( dport = :7000 )"])
         .output()
         .unwrap();
-    let carriers = String::from_utf8_lossy(&ss.stdout).lines().count();
-    assert_eq!(carriers, lanes, "carriers to the server");
+    let ss = String::from_utf8_lossy(&ss.stdout).into_owned();
+    assert_eq!(ss.lines().count(), lanes, "carriers to the server: {ss}");
+    if url.contains("via=") {
+        // Lanes left from both local addresses: over both links.
+        for from in ["198.18.0.1:", "198.18.1.1:"] {
+            assert!(ss.contains(from), "no lane from {from}: {ss}");
+        }
+    }
     assert_eq!(target.join().unwrap(), 32 << 20);
     assert_eq!(&digest[..], &want[..], "bytes changed on the way");
     let (_, status) = longhaul(&["netem", "--name", name, "status", "--json"]);
     let st: serde_json::Value = serde_json::from_str(&status).unwrap();
-    for dir in ["a_to_b", "b_to_a"] {
+    if loss.contains(&"--loss") {
+        for dir in ["a_to_b", "b_to_a"] {
+            assert!(
+                st[dir]["lost"].as_u64().unwrap() > 0,
+                "the emulator lost nothing {dir}: {status}"
+            );
+        }
+    }
+    if loss.contains(&"--link2") {
+        // Both links carried data, and the second lost some.
         assert!(
-            st[dir]["lost"].as_u64().unwrap() > 0,
-            "the emulator lost nothing {dir}: {status}"
+            st["a_to_b"]["bytes"].as_u64().unwrap() > 1 << 20,
+            "{status}"
         );
+        assert!(
+            st["link2"][0]["bytes"].as_u64().unwrap() > 1 << 20,
+            "{status}"
+        );
+        assert!(st["link2"][0]["lost"].as_u64().unwrap() > 0, "{status}");
     }
 }
 

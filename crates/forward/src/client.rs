@@ -46,6 +46,9 @@ pub struct ClientConfig {
     /// TLS sessions to resume: the lanes of a striped session and redials
     /// skip the full handshake.
     pub tls_sessions: longhaul_carrier::tls::SessionCache,
+    /// Local addresses the lanes of a striped session leave from, in turn
+    /// (bonding uplinks; empty: the system chooses).
+    pub via: Vec<std::net::IpAddr>,
 }
 
 impl ClientConfig {
@@ -65,6 +68,7 @@ impl ClientConfig {
             congestion: None,
             reconnect: true,
             tls_sessions: Default::default(),
+            via: Vec::new(),
         }
     }
 
@@ -79,7 +83,10 @@ impl ClientConfig {
 
 /// Dials the carrier and checks the server's key (pin or known-hosts)
 /// before anything else is sent.
-pub(crate) async fn connect(config: &ClientConfig) -> anyhow::Result<longhaul_carrier::Carrier> {
+pub(crate) async fn connect(
+    config: &ClientConfig,
+    bind: Option<std::net::IpAddr>,
+) -> anyhow::Result<longhaul_carrier::Carrier> {
     let url = &config.server;
     let use_tls = match url {
         CarrierUrl::Cmd { .. } => false,
@@ -99,6 +106,7 @@ pub(crate) async fn connect(config: &ClientConfig) -> anyhow::Result<longhaul_ca
     let mut opts = DialOptions {
         tls: None,
         congestion: config.congestion.clone(),
+        bind,
     };
     let mut known = Known::Unknown;
     let mut verifier = None;

@@ -16,8 +16,18 @@ use crate::client::{connect, ClientAcceptor, ClientConfig};
 
 /// Dials the server and authenticates: a carrier ready for the hello.
 pub(crate) async fn dial(config: &ClientConfig) -> anyhow::Result<longhaul_carrier::Carrier> {
+    dial_lane(config, 0).await
+}
+
+/// Dials lane `number` of a striped session: from the `via` address whose
+/// turn it is, if any.
+async fn dial_lane(config: &ClientConfig, number: u8) -> anyhow::Result<longhaul_carrier::Carrier> {
     let url = &config.server;
-    let mut carrier = connect(config).await?;
+    let bind = match config.via.len() {
+        0 => None,
+        n => Some(config.via[number as usize % n]),
+    };
+    let mut carrier = connect(config, bind).await?;
     if config.session.mode == longhaul_session::Mode::Native {
         let p = crate::auth::preamble(config.token.as_deref()).map_err(|e| anyhow!(e))?;
         carrier
@@ -73,25 +83,24 @@ async fn keep_lanes(config: Arc<ClientConfig>, session: SessionHandle) {
         let mut dials = tokio::task::JoinSet::new();
         for _ in 0..missing {
             let c = config.clone();
-            dials.spawn(async move { dial(&c).await });
+            number = number.wrapping_add(1);
+            let n = number;
+            dials.spawn(async move { (n, dial_lane(&c, n).await) });
         }
         let limit = config.session.handshake_timeout;
         while let Some(d) = dials.join_next().await {
-            let carrier = match d {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => {
+            let (n, carrier) = match d {
+                Ok((n, Ok(c))) => (n, c),
+                Ok((_, Err(e))) => {
                     backoff.log(&format!("adding a lane to {url}: {e:#}"));
                     continue;
                 }
                 Err(_) => continue,
             };
-            number = number.wrapping_add(1);
-            match tokio::time::timeout(limit, session.join_lane(carrier, number)).await {
-                Ok(Ok(())) => tracing::debug!(
-                    lane = number,
-                    lanes = session.lanes(),
-                    "lane to {url} added"
-                ),
+            match tokio::time::timeout(limit, session.join_lane(carrier, n)).await {
+                Ok(Ok(())) => {
+                    tracing::debug!(lane = n, lanes = session.lanes(), "lane to {url} added")
+                }
                 Ok(Err(e)) => backoff.log(&format!("adding a lane to {url}: {e}")),
                 Err(_) => backoff.log(&format!(
                     "adding a lane to {url}: no answer within {limit:?}"

@@ -32,6 +32,12 @@ use line::{Line, LineConfig, Verdict};
 
 pub const ADDR_A: &str = "198.18.0.1";
 pub const ADDR_B: &str = "198.18.0.2";
+/// The second link's addresses (`--link2`). Side a sends from `ADDR2_A`
+/// over the second link whatever the destination (a rule routes by source
+/// address, as on a host with two uplinks); side b answers it there.
+pub const ADDR2_A: &str = "198.18.1.1";
+pub const ADDR2_B: &str = "198.18.1.2";
+const TUN2_NAME: &str = "lh1";
 /// Bytes the delay line may hold on the wire per direction, whatever the
 /// settings: the emulator's memory bound.
 pub const MAX_IN_FLIGHT: u64 = 512 * 1024 * 1024;
@@ -58,6 +64,17 @@ pub struct NetemConfig {
     pub queue_bytes: Option<u64>,
     /// Raise the namespaces' TCP buffer limit (tcp_rmem/tcp_wmem max).
     pub tcp_buffer_max: Option<u64>,
+    /// A second link between the sides, with its own delay, rate and loss.
+    #[serde(default)]
+    pub link2: Option<Link2>,
+}
+
+/// The second link (for bonding two uplinks).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Link2 {
+    pub delay_us: u64,
+    pub rate_bps: Option<u64>,
+    pub loss: f64,
 }
 
 impl NetemConfig {
@@ -84,6 +101,20 @@ impl NetemConfig {
         }
     }
 
+    /// The second link's line (both directions).
+    fn line2(&self, l: &Link2) -> LineConfig {
+        NetemConfig {
+            delay_us: l.delay_us,
+            rate_bps: l.rate_bps,
+            loss: l.loss,
+            loss_back: None,
+            queue_bytes: None,
+            link2: None,
+            ..self.clone()
+        }
+        .line()
+    }
+
     /// The line b→a: the same, but for its own loss rate.
     fn line_back(&self) -> LineConfig {
         LineConfig {
@@ -95,7 +126,9 @@ impl NetemConfig {
     /// Offloads (64 KiB GSO packets) make the emulator fast, but loss must
     /// hit single 1500-byte packets to be realistic, so loss turns them off.
     fn offload(&self) -> bool {
-        self.loss == 0.0 && self.loss_back.unwrap_or(0.0) == 0.0
+        self.loss == 0.0
+            && self.loss_back.unwrap_or(0.0) == 0.0
+            && self.link2.is_none_or(|l| l.loss == 0.0)
     }
 }
 
@@ -254,6 +287,9 @@ pub struct Status {
     pub offload: bool,
     pub a_to_b: DirStatus,
     pub b_to_a: DirStatus,
+    /// The second link's a→b and b→a.
+    #[serde(default)]
+    pub link2: Option<[DirStatus; 2]>,
 }
 
 impl DirStats {
@@ -368,11 +404,10 @@ fn forward(src: File, dst: File, cfg: LineConfig, stats: Arc<DirStats>, epoch: I
     });
 }
 
-fn open_tun_in(ns: String, offload: bool) -> anyhow::Result<File> {
+fn open_tun_in(ns: String, name: &'static str, offload: bool) -> anyhow::Result<File> {
     std::thread::spawn(move || {
         sys::enter_netns(&ns).with_context(|| format!("cannot enter namespace {ns}"))?;
-        sys::open_tun(TUN_NAME, offload)
-            .with_context(|| format!("cannot create a TUN device in {ns}"))
+        sys::open_tun(name, offload).with_context(|| format!("cannot create a TUN device in {ns}"))
     })
     .join()
     .map_err(|_| anyhow::anyhow!("TUN setup thread panicked"))?
@@ -408,21 +443,69 @@ fn configure_side(ns: &str, addr: &str, tcp_max: Option<u64>) -> anyhow::Result<
     Ok(())
 }
 
+/// The second link: its addresses, and side a's rule that sends from
+/// `ADDR2_A` over it (side b answers that address on its own link).
+fn configure_link2(na: &str, nb: &str) -> anyhow::Result<()> {
+    for (ns, addr) in [(na, ADDR2_A), (nb, ADDR2_B)] {
+        ip(&[
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("{addr}/24"),
+            "dev",
+            TUN2_NAME,
+        ])?;
+        ip(&["-n", ns, "link", "set", TUN2_NAME, "mtu", "1500", "up"])?;
+    }
+    ip(&["-n", na, "rule", "add", "from", ADDR2_A, "lookup", "101"])?;
+    ip(&[
+        "-n",
+        na,
+        "route",
+        "add",
+        "198.18.0.0/15",
+        "dev",
+        TUN2_NAME,
+        "table",
+        "101",
+    ])?;
+    // Side b gets side a's second-link packets addressed to its first
+    // address; a reverse-path filter would drop them.
+    for key in ["all", "default", TUN_NAME, TUN2_NAME] {
+        let val = format!("net.ipv4.conf.{key}.rp_filter=0");
+        let _ = Command::new("ip")
+            .args(["netns", "exec", nb, "sysctl", "-q", "-w", &val])
+            .output();
+    }
+    Ok(())
+}
+
 /// The daemon: builds the namespaces and devices, forwards until killed.
 /// Run by `up` as a detached child.
 pub fn daemon(cfg: NetemConfig) -> anyhow::Result<()> {
     let (na, nb) = (cfg.ns_a(), cfg.ns_b());
     let dir = state_dir(&cfg.name);
-    let setup = || -> anyhow::Result<(File, File)> {
+    type Tuns = (File, File, Option<(File, File)>);
+    let setup = || -> anyhow::Result<Tuns> {
         ip(&["netns", "add", &na])?;
         ip(&["netns", "add", &nb])?;
-        let ta = open_tun_in(na.clone(), cfg.offload())?;
-        let tb = open_tun_in(nb.clone(), cfg.offload())?;
+        let ta = open_tun_in(na.clone(), TUN_NAME, cfg.offload())?;
+        let tb = open_tun_in(nb.clone(), TUN_NAME, cfg.offload())?;
         configure_side(&na, ADDR_A, cfg.tcp_buffer_max)?;
         configure_side(&nb, ADDR_B, cfg.tcp_buffer_max)?;
-        Ok((ta, tb))
+        let second = match cfg.link2 {
+            Some(_) => {
+                let ta2 = open_tun_in(na.clone(), TUN2_NAME, cfg.offload())?;
+                let tb2 = open_tun_in(nb.clone(), TUN2_NAME, cfg.offload())?;
+                configure_link2(&na, &nb)?;
+                Some((ta2, tb2))
+            }
+            None => None,
+        };
+        Ok((ta, tb, second))
     };
-    let (ta, tb) = match setup() {
+    let (ta, tb, second) = match setup() {
         Ok(t) => t,
         Err(e) => {
             let _ = ip(&["netns", "del", &na]);
@@ -441,6 +524,18 @@ pub fn daemon(cfg: NetemConfig) -> anyhow::Result<()> {
         epoch,
     );
     forward(tb, ta, cfg.line_back(), ba.clone(), epoch);
+    let ab2 = Arc::new(DirStats::default());
+    let ba2 = Arc::new(DirStats::default());
+    if let (Some((ta2, tb2)), Some(l)) = (second, cfg.link2) {
+        forward(
+            ta2.try_clone()?,
+            tb2.try_clone()?,
+            cfg.line2(&l),
+            ab2.clone(),
+            epoch,
+        );
+        forward(tb2, ta2, cfg.line2(&l), ba2.clone(), epoch);
+    }
     let pid = std::process::id();
     loop {
         let st = Status {
@@ -450,6 +545,7 @@ pub fn daemon(cfg: NetemConfig) -> anyhow::Result<()> {
             offload: cfg.offload(),
             a_to_b: ab.snapshot(),
             b_to_a: ba.snapshot(),
+            link2: cfg.link2.map(|_| [ab2.snapshot(), ba2.snapshot()]),
         };
         let tmp = dir.join("status.json.tmp");
         if std::fs::write(&tmp, serde_json::to_vec_pretty(&st)?).is_ok() {
@@ -603,6 +699,7 @@ mod tests {
             loss_back: Some(0.0),
             queue_bytes: None,
             tcp_buffer_max: None,
+            link2: None,
         };
         // 1 Gbit/s × 10 ms RTT = 1.25 MB
         assert_eq!(c.line().queue_bytes, 1_250_000);

@@ -270,6 +270,7 @@ pub async fn dial_raw(
     let opts = longhaul_carrier::DialOptions {
         tls,
         congestion: None,
+        bind: None,
     };
     let mut c = longhaul_carrier::dial(&url.parse().unwrap(), &opts)
         .await
