@@ -65,6 +65,11 @@ fn wrong_arguments_get_one_line_that_says_what_to_do() {
             "the options are ?stripes=K&via=IP1,IP2",
         ),
         (
+            &["client", "tcp://x:1?stripes=2&via=nowhere", "-L", "1:a:1"],
+            "is not an IP address",
+        ),
+        (&["netem", "up", "--link2", "30ms,fast"], "is not a rate"),
+        (
             &["server", "--listen", "127.0.0.1:0", "--max-stripes", "0"],
             "give a number of lanes from 1 to 16",
         ),
