@@ -34,6 +34,9 @@ pub enum Served {
     Joined(SessionHandle),
 }
 
+/// How long a lane for an unknown session waits for it to be filed.
+const LANE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// A server's sessions that may be resumed, by id. Entries are weak: a
 /// session that ended is gone from the table at the next lookup or insert.
 /// Bounded by the server's session limit (a detached session keeps its
@@ -61,6 +64,23 @@ impl Resumables {
     fn get(&self, id: &SessionId) -> Option<Arc<Shared>> {
         let s = self.map().get(id)?.upgrade()?;
         (!s.is_dead()).then_some(s)
+    }
+
+    /// Like `get`, but waits up to [`LANE_GRACE`] for a session not filed
+    /// yet: a client dials its lanes as soon as the answer that starts the
+    /// session arrives, and the server files the session just after
+    /// sending it.
+    async fn get_soon(&self, id: &SessionId) -> Option<Arc<Shared>> {
+        let until = tokio::time::Instant::now() + LANE_GRACE;
+        loop {
+            if let Some(s) = self.get(id) {
+                return Some(s);
+            }
+            if tokio::time::Instant::now() >= until {
+                return None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     }
 
     /// Sessions in the table (live or detached).
@@ -310,7 +330,7 @@ pub(crate) async fn serve_attach(
             lane,
             proof: shown,
         } => {
-            let Some(shared) = resumables.get(&id) else {
+            let Some(shared) = resumables.get_soon(&id).await else {
                 return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await;
             };
             let _attaching = shared.attach_lock.lock().await;

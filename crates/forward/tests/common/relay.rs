@@ -30,6 +30,8 @@ pub struct Relay {
 struct One {
     kill: watch::Sender<bool>,
     silent: Arc<AtomicBool>,
+    /// Still relaying.
+    open: Arc<AtomicBool>,
 }
 
 impl Relay {
@@ -55,6 +57,7 @@ impl Relay {
                 let one = One {
                     kill: watch::channel(false).0,
                     silent: Arc::new(AtomicBool::new(false)),
+                    open: Arc::new(AtomicBool::new(true)),
                 };
                 e.lock().unwrap().push(one.clone());
                 tokio::spawn(pair(a, b, k.subscribe(), s.clone(), one));
@@ -72,6 +75,14 @@ impl Relay {
     /// Connections made through the relay so far.
     pub fn connections(&self) -> usize {
         self.each.lock().unwrap().len()
+    }
+
+    /// The indexes of the connections still relaying.
+    pub fn live(&self) -> Vec<usize> {
+        let each = self.each.lock().unwrap();
+        (0..each.len())
+            .filter(|&i| each[i].open.load(Ordering::SeqCst))
+            .collect()
     }
 
     /// Resets connection `i` (in the order they came) only.
@@ -148,6 +159,7 @@ async fn pair(
         _ = kill.wait_for(|k| *k != start) => {}
         _ = kill_one.wait_for(|k| *k) => {}
     }
+    one.open.store(false, Ordering::SeqCst);
 }
 
 /// Copies one direction, holding bytes while the path is silent; passes the
