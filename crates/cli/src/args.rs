@@ -9,6 +9,8 @@ use longhaul_forward::spec::{parse_forward, parse_listen, ForwardSpec};
 use longhaul_proto::window::WindowConfig;
 use longhaul_session::{Mode, SessionConfig};
 
+pub use crate::bench_args::*;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "longhaul",
@@ -86,16 +88,16 @@ pub fn config_path(name: &str) -> Option<std::path::PathBuf> {
     std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".config/longhaul").join(name))
 }
 
-fn parse_delay(s: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_delay(s: &str) -> Result<std::time::Duration, String> {
     longhaul_netem::parse_duration(s)
 }
-fn parse_rate(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_rate(s: &str) -> Result<u64, String> {
     longhaul_netem::parse_rate(s)
 }
-fn parse_loss(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_loss(s: &str) -> Result<f64, String> {
     longhaul_netem::parse_loss(s)
 }
-fn parse_link2(s: &str) -> Result<longhaul_netem::Link2, String> {
+pub(crate) fn parse_link2(s: &str) -> Result<longhaul_netem::Link2, String> {
     let mut parts = s.split(',');
     let delay = parse_delay(parts.next().unwrap_or_default())?;
     let rate = parts.next().map(parse_rate).transpose()?;
@@ -187,22 +189,22 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     })
 }
 
-fn parse_l(s: &str) -> Result<ForwardSpec, String> {
+pub(crate) fn parse_l(s: &str) -> Result<ForwardSpec, String> {
     parse_forward(s, "-L")
 }
-fn parse_r(s: &str) -> Result<ForwardSpec, String> {
+pub(crate) fn parse_r(s: &str) -> Result<ForwardSpec, String> {
     parse_forward(s, "-R")
 }
-fn parse_d(s: &str) -> Result<SocketAddr, String> {
+pub(crate) fn parse_d(s: &str) -> Result<SocketAddr, String> {
     parse_listen(s, "-D")
 }
-fn parse_h(s: &str) -> Result<SocketAddr, String> {
+pub(crate) fn parse_h(s: &str) -> Result<SocketAddr, String> {
     parse_listen(s, "--http-proxy")
 }
-fn parse_rule(s: &str) -> Result<Rule, String> {
+pub(crate) fn parse_rule(s: &str) -> Result<Rule, String> {
     s.parse()
 }
-fn parse_bind_rule(s: &str) -> Result<BindRule, String> {
+pub(crate) fn parse_bind_rule(s: &str) -> Result<BindRule, String> {
     s.parse()
 }
 
@@ -241,7 +243,7 @@ pub struct SessionArgs {
     pub dead_after: std::time::Duration,
 }
 
-fn parse_replay_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_replay_size(s: &str) -> Result<u64, String> {
     if s == "auto" {
         return Ok(0);
     }
@@ -283,7 +285,7 @@ impl SessionArgs {
     }
 }
 
-fn parse_listen_url(s: &str) -> Result<ListenUrl, String> {
+pub(crate) fn parse_listen_url(s: &str) -> Result<ListenUrl, String> {
     s.parse()
 }
 /// The client's server address, with its options (`?stripes=K`).
@@ -295,7 +297,7 @@ pub struct ServerUrl {
     pub via: Vec<std::net::IpAddr>,
 }
 
-fn parse_server_url(s: &str) -> Result<ServerUrl, String> {
+pub(crate) fn parse_server_url(s: &str) -> Result<ServerUrl, String> {
     let (base, query) = match s.split_once('?') {
         Some((b, q)) if !s.starts_with("cmd://") => (b, Some(q)),
         _ => (s, None),
@@ -323,7 +325,7 @@ fn parse_server_url(s: &str) -> Result<ServerUrl, String> {
     Ok(ServerUrl { url, stripes, via })
 }
 
-fn parse_stripes(k: &str) -> Result<u8, String> {
+pub(crate) fn parse_stripes(k: &str) -> Result<u8, String> {
     let max = longhaul_session::MAX_LANES;
     match k.parse::<u8>() {
         Ok(n) if (1..=max as u8).contains(&n) => Ok(n),
@@ -332,7 +334,7 @@ fn parse_stripes(k: &str) -> Result<u8, String> {
         )),
     }
 }
-fn parse_fingerprint(s: &str) -> Result<Fingerprint, String> {
+pub(crate) fn parse_fingerprint(s: &str) -> Result<Fingerprint, String> {
     s.parse()
 }
 
@@ -431,230 +433,4 @@ pub struct ClientArgs {
     pub no_reconnect: bool,
     #[command(flatten)]
     pub session: SessionArgs,
-}
-
-#[derive(Args, Debug)]
-pub struct BenchArgs {
-    #[command(subcommand)]
-    pub cmd: BenchCmd,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum BenchCmd {
-    /// Answer tput and rr clients.
-    Server(BenchServerArgs),
-    /// Throughput over N parallel connections (iperf-like).
-    Tput(TputArgs),
-    /// Request/response round trips per size (seed 000's method).
-    Rr(RrArgs),
-    /// Seed 004's table: direct vs tunnel per (delay, connections) over the
-    /// WAN emulator, written as report.md, report.json and chart.svg. Needs root.
-    Matrix(MatrixArgs),
-}
-
-#[derive(Args, Debug)]
-pub struct MatrixArgs {
-    /// One-way delays to test (RTT = 2 × delay), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "0,50ms", value_parser = parse_delay)]
-    pub delay: Vec<std::time::Duration>,
-    /// Parallel connections per cell, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,10", value_parser = clap::value_parser!(u16).range(1..=1000))]
-    pub conns: Vec<u16>,
-    /// Seconds per measurement.
-    #[arg(short = 't', long, default_value_t = 10.0)]
-    pub time: f64,
-    /// Seconds of warm-up before each throughput measurement, not measured (iperf3's -O).
-    #[arg(short = 'O', long, default_value_t = 2.0, value_parser = parse_omit)]
-    pub omit: f64,
-    /// Output directory.
-    #[arg(long, default_value = "report")]
-    pub out: std::path::PathBuf,
-    /// Rate cap of the emulated link, e.g. 1gbit.
-    #[arg(long, value_parser = parse_rate)]
-    pub rate: Option<u64>,
-    /// Random loss on the emulated link, e.g. 0.5%.
-    #[arg(long, default_value = "0", value_parser = parse_loss)]
-    pub loss: f64,
-    /// Fixed socket buffers for the application (bench client and server), e.g. 64k: seed 001's scenario.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub app_buffer: Option<u64>,
-    /// Raise the namespaces' TCP buffer maximum, e.g. 64m.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub tcp_buffers: Option<u64>,
-    /// Round trips per rr size (default: about 2 s worth, 10–1000).
-    #[arg(long)]
-    pub rr_count: Option<usize>,
-    /// rr request sizes.
-    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000,10000,100000", value_parser = parse_rr_size)]
-    pub rr_sizes: Vec<u32>,
-    /// Skip the rr sweep.
-    #[arg(long)]
-    pub no_rr: bool,
-    /// Emulator instance name.
-    #[arg(long, default_value = "matrix")]
-    pub name: String,
-    /// TCP congestion control for longhaul's carrier (both ends).
-    #[arg(long, value_name = "ALGO")]
-    pub congestion: Option<String>,
-    /// longhaul's carrier: tcp (plain, the multiplexer alone) or tls (pinned keys, as users run it).
-    #[arg(long, default_value = "tcp", value_parser = ["tcp", "tls"])]
-    pub carrier: String,
-    /// Load generator: iperf3 (Debian's, when installed; seed 004 used
-    /// iperf), bench (longhaul bench tput), or auto (iperf3 if installed).
-    #[arg(long, default_value = "auto", value_parser = longhaul_bench::load::Load::parse)]
-    pub load: longhaul_bench::load::Load,
-}
-
-#[derive(Args, Debug)]
-pub struct BenchServerArgs {
-    #[arg(long, default_value = "127.0.0.1:5201", value_parser = parse_addr)]
-    pub listen: SocketAddr,
-    /// Fixed SO_SNDBUF/SO_RCVBUF for accepted connections.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub buffer: Option<u64>,
-}
-
-#[derive(Args, Debug)]
-pub struct TputArgs {
-    /// HOST:PORT of a bench server (direct) or of a forward to one.
-    pub addr: String,
-    /// Parallel connections.
-    #[arg(short = 'P', long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
-    pub parallel: u16,
-    /// Seconds to run.
-    #[arg(short = 't', long, default_value_t = 10.0)]
-    pub time: f64,
-    /// Reverse: the server sends.
-    #[arg(short = 'R', long)]
-    pub reverse: bool,
-    /// Seconds of warm-up (slow start) left out of the result, like iperf3's -O.
-    #[arg(short = 'O', long, default_value_t = 0.0, value_parser = parse_omit)]
-    pub omit: f64,
-    /// Seconds between progress lines (0: none).
-    #[arg(short = 'i', long, default_value_t = 1.0)]
-    pub interval: f64,
-    /// Fixed SO_SNDBUF/SO_RCVBUF, like an application that cannot be retuned.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub buffer: Option<u64>,
-    /// How the sender writes: iperf (wait until writable, then up to ten
-    /// 128 KiB blocks, as iperf3 does) or fill (write until the socket refuses).
-    #[arg(long, value_enum, default_value_t = SenderArg::Iperf)]
-    pub sender: SenderArg,
-    /// Print the result as JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SenderArg {
-    Iperf,
-    Fill,
-}
-
-impl From<SenderArg> for longhaul_bench::send::Sender {
-    fn from(s: SenderArg) -> Self {
-        match s {
-            SenderArg::Iperf => longhaul_bench::send::Sender::Iperf,
-            SenderArg::Fill => longhaul_bench::send::Sender::Fill,
-        }
-    }
-}
-
-fn parse_omit(x: &str) -> Result<f64, String> {
-    x.parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && (0.0..=600.0).contains(v))
-        .ok_or_else(|| format!("--omit '{x}': seconds from 0 to 600"))
-}
-
-fn parse_rr_size(x: &str) -> Result<u32, String> {
-    let v = parse_size(x)?;
-    u32::try_from(v)
-        .ok()
-        .filter(|&v| v <= longhaul_bench::MAX_RR_SIZE)
-        .ok_or_else(|| format!("rr size '{x}' is above the 16 MiB limit"))
-}
-
-#[derive(Args, Debug)]
-pub struct RrArgs {
-    pub addr: String,
-    /// Request sizes in bytes, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000,10000,100000", value_parser = parse_rr_size)]
-    pub sizes: Vec<u32>,
-    /// Round trips per size.
-    #[arg(short = 'n', long = "count", default_value_t = 1000)]
-    pub count: usize,
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Args, Debug)]
-pub struct DemoArgs {
-    /// Seconds per throughput measurement.
-    #[arg(short = 't', long, default_value_t = 3.0)]
-    pub time: f64,
-    /// Round trips per rr size.
-    #[arg(short = 'n', long, default_value_t = 1000)]
-    pub count: usize,
-    /// Repeat every measurement, interleaved direct/tunnel; report medians.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=20))]
-    pub rounds: u16,
-    /// Also write the results as JSON to this file.
-    #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
-}
-
-impl From<DemoArgs> for longhaul_bench::demo::DemoOptions {
-    fn from(d: DemoArgs) -> Self {
-        longhaul_bench::demo::DemoOptions {
-            time: d.time,
-            count: d.count,
-            rounds: d.rounds,
-            json: d.json,
-        }
-    }
-}
-
-impl From<MatrixArgs> for longhaul_bench::matrix::MatrixOptions {
-    fn from(a: MatrixArgs) -> Self {
-        longhaul_bench::matrix::MatrixOptions {
-            delay: a.delay,
-            conns: a.conns,
-            time: a.time,
-            omit: a.omit,
-            out: a.out,
-            rate: a.rate,
-            loss: a.loss,
-            app_buffer: a.app_buffer,
-            tcp_buffers: a.tcp_buffers,
-            rr_count: a.rr_count,
-            rr_sizes: a.rr_sizes,
-            no_rr: a.no_rr,
-            name: a.name,
-            congestion: a.congestion,
-            carrier: a.carrier,
-            load: a.load,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("64k"), Ok(65536));
-        assert_eq!(parse_size("64KiB"), Ok(65536));
-        assert_eq!(parse_size("2m"), Ok(2 << 20));
-        assert_eq!(parse_size("10"), Ok(10));
-        assert!(parse_size("ten").is_err());
-        assert!(parse_size("5x").is_err());
-    }
-
-    #[test]
-    fn addrs() {
-        assert_eq!(parse_addr(":7000"), Ok("0.0.0.0:7000".parse().unwrap()));
-        assert!(parse_addr("localhost").is_err());
-    }
 }

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod bench_args;
 
 use std::process::ExitCode;
 

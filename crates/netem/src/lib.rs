@@ -13,6 +13,8 @@
 #![deny(unsafe_code)]
 
 pub mod line;
+mod parse;
+mod setup;
 #[allow(unsafe_code)]
 mod sys;
 
@@ -29,6 +31,8 @@ use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
 use line::{Line, LineConfig, Verdict};
+pub use parse::{parse_duration, parse_loss, parse_rate};
+use setup::{configure_link2, configure_side, open_tun_in};
 
 pub const ADDR_A: &str = "198.18.0.1";
 pub const ADDR_B: &str = "198.18.0.2";
@@ -153,65 +157,6 @@ pub fn ns_name(name: &str, side: char) -> String {
 
 fn state_dir(name: &str) -> PathBuf {
     PathBuf::from(format!("/run/longhaul-netem/{name}"))
-}
-
-/// Parses `50ms`, `1.5s`, `200us`, `0`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let err = || format!("'{s}' is not a duration (use e.g. 50ms, 1s, 200us)");
-    let (num, mult) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix("us") {
-        (n, 1e-6)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else if t == "0" {
-        ("0", 1.0)
-    } else {
-        return Err(err());
-    };
-    let v: f64 = num.trim().parse().map_err(|_| err())?;
-    if !(0.0..=60.0).contains(&(v * mult)) {
-        return Err(format!("'{s}' is out of range (0 to 60 s)"));
-    }
-    Ok(Duration::from_secs_f64(v * mult))
-}
-
-/// Parses `1gbit`, `100mbit`, `500kbit`, `1000000` (bits per second).
-pub fn parse_rate(s: &str) -> Result<u64, String> {
-    let t = s.trim().to_ascii_lowercase();
-    let err = || format!("'{s}' is not a rate (use e.g. 1gbit, 100mbit, 500kbit)");
-    let (num, mult) = if let Some(n) = t.strip_suffix("gbit") {
-        (n, 1e9)
-    } else if let Some(n) = t.strip_suffix("mbit") {
-        (n, 1e6)
-    } else if let Some(n) = t.strip_suffix("kbit") {
-        (n, 1e3)
-    } else if let Some(n) = t.strip_suffix("bit") {
-        (n, 1.0)
-    } else {
-        (t.as_str(), 1.0)
-    };
-    let v: f64 = num.trim().parse().map_err(|_| err())?;
-    let bps = v * mult;
-    if !(1000.0..=1e12).contains(&bps) {
-        return Err(format!("'{s}' is out of range (1kbit to 1000gbit)"));
-    }
-    Ok(bps as u64)
-}
-
-/// Parses `0.5%` or `0.005`.
-pub fn parse_loss(s: &str) -> Result<f64, String> {
-    let t = s.trim();
-    let v = match t.strip_suffix('%') {
-        Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
-        None => t.parse::<f64>(),
-    }
-    .map_err(|_| format!("'{s}' is not a loss rate (use e.g. 0.5% or 0.005)"))?;
-    if !(0.0..=1.0).contains(&v) {
-        return Err(format!("loss '{s}' must be between 0% and 100%"));
-    }
-    Ok(v)
 }
 
 fn need_admin() -> anyhow::Result<()> {
@@ -402,83 +347,6 @@ fn forward(src: File, dst: File, cfg: LineConfig, stats: Arc<DirStats>, epoch: I
             }
         }
     });
-}
-
-fn open_tun_in(ns: String, name: &'static str, offload: bool) -> anyhow::Result<File> {
-    std::thread::spawn(move || {
-        sys::enter_netns(&ns).with_context(|| format!("cannot enter namespace {ns}"))?;
-        sys::open_tun(name, offload).with_context(|| format!("cannot create a TUN device in {ns}"))
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("TUN setup thread panicked"))?
-}
-
-fn configure_side(ns: &str, addr: &str, tcp_max: Option<u64>) -> anyhow::Result<()> {
-    ip(&["-n", ns, "link", "set", "lo", "up"])?;
-    ip(&[
-        "-n",
-        ns,
-        "addr",
-        "add",
-        &format!("{addr}/24"),
-        "dev",
-        TUN_NAME,
-    ])?;
-    ip(&["-n", ns, "link", "set", TUN_NAME, "mtu", "1500", "up"])?;
-    if let Some(max) = tcp_max {
-        for key in ["net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"] {
-            let val = format!("{key}=4096 131072 {max}");
-            let out = Command::new("ip")
-                .args(["netns", "exec", ns, "sysctl", "-q", "-w", &val])
-                .output()
-                .context("cannot run sysctl")?;
-            if !out.status.success() {
-                bail!(
-                    "setting {val} in {ns}: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The second link: its addresses, and side a's rule that sends from
-/// `ADDR2_A` over it (side b answers that address on its own link).
-fn configure_link2(na: &str, nb: &str) -> anyhow::Result<()> {
-    for (ns, addr) in [(na, ADDR2_A), (nb, ADDR2_B)] {
-        ip(&[
-            "-n",
-            ns,
-            "addr",
-            "add",
-            &format!("{addr}/24"),
-            "dev",
-            TUN2_NAME,
-        ])?;
-        ip(&["-n", ns, "link", "set", TUN2_NAME, "mtu", "1500", "up"])?;
-    }
-    ip(&["-n", na, "rule", "add", "from", ADDR2_A, "lookup", "101"])?;
-    ip(&[
-        "-n",
-        na,
-        "route",
-        "add",
-        "198.18.0.0/15",
-        "dev",
-        TUN2_NAME,
-        "table",
-        "101",
-    ])?;
-    // Side b gets side a's second-link packets addressed to its first
-    // address; a reverse-path filter would drop them.
-    for key in ["all", "default", TUN_NAME, TUN2_NAME] {
-        let val = format!("net.ipv4.conf.{key}.rp_filter=0");
-        let _ = Command::new("ip")
-            .args(["netns", "exec", nb, "sysctl", "-q", "-w", &val])
-            .output();
-    }
-    Ok(())
 }
 
 /// The daemon: builds the namespaces and devices, forwards until killed.
@@ -673,21 +541,6 @@ pub fn exec_command(name: &str, side: char, cmd: &[String]) -> anyhow::Result<Co
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parsers() {
-        assert_eq!(parse_duration("50ms"), Ok(Duration::from_millis(50)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("200us"), Ok(Duration::from_micros(200)));
-        assert!(parse_duration("50").is_err());
-        assert!(parse_duration("90s").is_err());
-        assert_eq!(parse_rate("1gbit"), Ok(1_000_000_000));
-        assert_eq!(parse_rate("2.5mbit"), Ok(2_500_000));
-        assert!(parse_rate("fast").is_err());
-        assert_eq!(parse_loss("0.5%"), Ok(0.005));
-        assert_eq!(parse_loss("0.01"), Ok(0.01));
-        assert!(parse_loss("150%").is_err());
-    }
 
     #[test]
     fn default_queue_is_one_bdp() {

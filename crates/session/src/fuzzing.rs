@@ -120,21 +120,25 @@ pub fn session_peer(data: &[u8]) {
     let Some((&sel, rest)) = data.split_first() else {
         return;
     };
+    within_deadline(run_session(sel, rest));
+}
+
+/// Runs `f` on a fresh single-threaded runtime; more than
+/// [`SESSION_DEADLINE`] is a hang.
+fn within_deadline(f: impl std::future::Future<Output = ()>) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let done =
-        rt.block_on(async { tokio::time::timeout(SESSION_DEADLINE, run_session(sel, rest)).await });
+    let done = rt.block_on(async { tokio::time::timeout(SESSION_DEADLINE, f).await });
     assert!(
         done.is_ok(),
         "session did not finish within {SESSION_DEADLINE:?}"
     );
 }
 
-async fn run_session(sel: u8, peer_bytes: &[u8]) {
-    let native = sel & 1 == 0;
-    let our_streams = ((sel >> 1) & 3) as usize;
+/// Our side of an in-memory carrier, and the peer's end of it.
+fn duplex_carrier() -> (Carrier, tokio::io::DuplexStream) {
     let (ours, theirs) = tokio::io::duplex(256 * 1024);
     let (r, w) = tokio::io::split(ours);
     let carrier = Carrier {
@@ -145,6 +149,13 @@ async fn run_session(sel: u8, peer_bytes: &[u8]) {
         urgent_flag: None,
         peer: "fuzz".into(),
     };
+    (carrier, theirs)
+}
+
+async fn run_session(sel: u8, peer_bytes: &[u8]) {
+    let native = sel & 1 == 0;
+    let our_streams = ((sel >> 1) & 3) as usize;
+    let (carrier, theirs) = duplex_carrier();
     let config = SessionConfig {
         mode: if native { Mode::Native } else { Mode::Jmux },
         max_streams: 16,
@@ -338,31 +349,13 @@ pub fn lane_peer(data: &[u8]) {
     let Some((&sel, rest)) = data.split_first() else {
         return;
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let done =
-        rt.block_on(async { tokio::time::timeout(SESSION_DEADLINE, run_lane(sel, rest)).await });
-    assert!(
-        done.is_ok(),
-        "striped session did not finish within {SESSION_DEADLINE:?}"
-    );
+    within_deadline(run_lane(sel, rest));
 }
 
 async fn run_lane(sel: u8, peer_bytes: &[u8]) {
     use longhaul_proto::handshake::FEATURE_RESUME;
     use longhaul_proto::resume::{Attached, Secret, SessionId, ATTACH_LEN};
-    let (ours, theirs) = tokio::io::duplex(256 * 1024);
-    let (r, w) = tokio::io::split(ours);
-    let carrier = Carrier {
-        reader: Box::new(r),
-        writer: Box::new(w),
-        probe: None,
-        urgent: None,
-        urgent_flag: None,
-        peer: "fuzz".into(),
-    };
+    let (carrier, theirs) = duplex_carrier();
     let config = SessionConfig {
         max_streams: 16,
         budget: 4 << 20,

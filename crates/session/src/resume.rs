@@ -145,6 +145,37 @@ pub(crate) async fn open_new(
     }
 }
 
+/// Client: the next attempt number, for a resume or a lane: increasing,
+/// and ahead of any used before by this client even if it lost count
+/// (milliseconds since the epoch).
+fn next_attempt(l: &mut LinkState) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    l.attempt = (l.attempt + 1).max(now);
+}
+
+/// Client: the hello with `ask` written right behind it (the server
+/// offered resume when the session started: one round trip), then the
+/// server's answer.
+async fn attach_behind_hello(
+    carrier: &mut Carrier,
+    config: &SessionConfig,
+    ask: &Attach,
+) -> Result<(Negotiated, Attached), SessionError> {
+    let n = crate::handle::hello_then(carrier, config, &ask.encode()).await?;
+    if !n.resume {
+        return Err(SessionError::NoResume);
+    }
+    let answer = exchange(config, async {
+        let mut b = [0u8; ATTACHED_LEN];
+        carrier.reader.read_exact(&mut b).await?;
+        Ok(Attached::decode(&b)?)
+    })
+    .await?;
+    Ok((n, answer))
+}
+
 /// Client: resumes `shared` on a new carrier.
 pub(crate) async fn resume_client(
     shared: &Arc<Shared>,
@@ -166,12 +197,7 @@ pub(crate) async fn resume_client(
         .map_err(SessionError::Closed)?;
     let ask = {
         let mut l = shared.link().ok_or(SessionError::NoResume)?;
-        // Increasing, and ahead of any number used before by this client
-        // even if it lost count: milliseconds since the epoch.
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        l.attempt = (l.attempt + 1).max(now);
+        next_attempt(&mut l);
         let received = l.rx.received();
         Attach::Resume {
             id: l.id,
@@ -181,18 +207,7 @@ pub(crate) async fn resume_client(
             replay_limit: l.replay.limit() as u32,
         }
     };
-    // The server offered resume when the session started: the attach goes
-    // out with the hello, in one round trip.
-    let n = crate::handle::hello_then(&mut carrier, config, &ask.encode()).await?;
-    if !n.resume {
-        return Err(SessionError::NoResume);
-    }
-    let answer = exchange(config, async {
-        let mut b = [0u8; ATTACHED_LEN];
-        carrier.reader.read_exact(&mut b).await?;
-        Ok(Attached::decode(&b)?)
-    })
-    .await?;
+    let (n, answer) = attach_behind_hello(&mut carrier, config, &ask).await?;
     match answer {
         Attached::Resumed { received, .. } => {
             let limits = decode_limits(config, &n);
@@ -230,10 +245,7 @@ pub(crate) async fn join_lane(
     }
     let ask = {
         let mut l = shared.link().ok_or(SessionError::NoResume)?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        l.attempt = (l.attempt + 1).max(now);
+        next_attempt(&mut l);
         Attach::Lane {
             id: l.id,
             attempt: l.attempt,
@@ -241,16 +253,7 @@ pub(crate) async fn join_lane(
             proof: lane_proof(&l.secret, &l.id, l.attempt, number),
         }
     };
-    let n = crate::handle::hello_then(&mut carrier, config, &ask.encode()).await?;
-    if !n.resume {
-        return Err(SessionError::NoResume);
-    }
-    let answer = exchange(config, async {
-        let mut b = [0u8; ATTACHED_LEN];
-        carrier.reader.read_exact(&mut b).await?;
-        Ok(Attached::decode(&b)?)
-    })
-    .await?;
+    let (n, answer) = attach_behind_hello(&mut carrier, config, &ask).await?;
     match answer {
         Attached::Joined => {
             let limits = decode_limits(config, &n);
