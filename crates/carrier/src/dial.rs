@@ -59,6 +59,9 @@ async fn connect_from(local: std::net::IpAddr, addr: &str) -> io::Result<TcpStre
 pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
     let (transport, addr) = match url {
         CarrierUrl::Cmd { command } => return spawn_command(command),
+        CarrierUrl::Dir(folder) => {
+            return over_folder(crate::folder::dial(folder)?, opts.tls.clone()).await
+        }
         CarrierUrl::Net { transport, addr } => (transport, addr),
     };
     let tcp = match opts.bind {
@@ -103,6 +106,40 @@ pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
             let w = ws::connect(s, &format!("wss://{addr}{path}")).await?;
             Ok(Carrier::from_io(w, Some(probe), Some(flag), peer))
         }
+    }
+}
+
+/// Client side of a folder carrier: TLS inside the files, unless
+/// `--insecure`.
+async fn over_folder(
+    stream: crate::folder::FolderStream,
+    tls: Option<Arc<rustls::ClientConfig>>,
+) -> io::Result<Carrier> {
+    let peer = stream.peer.clone();
+    match tls {
+        Some(cfg) => Ok(Carrier::from_io(
+            tls::connect(stream, cfg).await?,
+            None,
+            None,
+            peer,
+        )),
+        None => Ok(Carrier::from_folder(stream)),
+    }
+}
+
+/// Server side of a folder carrier: TLS inside the files (`tls: None` is
+/// `--insecure`), and the client's key if it showed one.
+pub async fn accept_folder(
+    stream: crate::folder::FolderStream,
+    tls_cfg: Option<Arc<rustls::ServerConfig>>,
+) -> io::Result<(Carrier, Option<Fingerprint>)> {
+    let peer = stream.peer.clone();
+    match tls_cfg {
+        Some(cfg) => {
+            let (s, fp) = tls::accept(stream, cfg).await?;
+            Ok((Carrier::from_io(s, None, None, peer), fp))
+        }
+        None => Ok((Carrier::from_folder(stream), None)),
     }
 }
 

@@ -17,6 +17,7 @@ use tokio::net::TcpStream;
 mod accept;
 pub mod dial;
 mod fill;
+pub mod folder;
 pub mod keys;
 #[allow(unsafe_code)]
 mod sockopt;
@@ -25,7 +26,7 @@ pub mod url;
 pub mod ws;
 
 pub use accept::accept_with_backoff;
-pub use dial::{accept, dial, stdio, DialOptions};
+pub use dial::{accept, accept_folder, dial, stdio, DialOptions};
 pub use fill::UrgentFlag;
 pub use keys::{Fingerprint, Identity};
 pub use sockopt::{
@@ -185,6 +186,20 @@ impl Carrier {
             probe,
             urgent: None,
             urgent_flag,
+            peer,
+        }
+    }
+
+    /// A folder carrier without TLS (`--insecure`).
+    pub fn from_folder(stream: folder::FolderStream) -> Carrier {
+        let peer = stream.peer.clone();
+        let (r, w) = stream.into_split();
+        Carrier {
+            reader: Box::new(r),
+            writer: Box::new(w),
+            probe: None,
+            urgent: None,
+            urgent_flag: None,
             peer,
         }
     }

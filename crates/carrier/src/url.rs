@@ -7,6 +7,7 @@
 //! | `ws://HOST:PORT/PATH`  | WebSocket over TCP     | inside the WebSocket, end to end (off with `--insecure`) |
 //! | `wss://HOST:PORT/PATH` | WebSocket inside TLS   | yes (the outer TLS)             |
 //! | `cmd://COMMAND`        | a command's stdin/stdout | no: the command's channel (ssh) authenticates |
+//! | `dir://PATH`           | files in a shared directory | yes, through the files (off with `--insecure`) |
 //!
 //! `ws://` keeps TLS inside the WebSocket so that a reverse proxy in the
 //! middle forwards only ciphertext and cannot impersonate the server.
@@ -28,6 +29,8 @@ pub enum CarrierUrl {
     Net { transport: Transport, addr: String },
     /// Run `sh -c COMMAND`; its stdin/stdout are the carrier.
     Cmd { command: String },
+    /// Files in a shared directory (the folder carrier).
+    Dir(crate::folder::FolderUrl),
 }
 
 impl Transport {
@@ -45,7 +48,7 @@ impl Transport {
     }
 }
 
-const USAGE: &str = "use HOST:PORT, tls://HOST:PORT, tcp://HOST:PORT, ws://HOST:PORT/PATH, wss://HOST:PORT/PATH or cmd://COMMAND";
+const USAGE: &str = "use HOST:PORT, tls://HOST:PORT, tcp://HOST:PORT, ws://HOST:PORT/PATH, wss://HOST:PORT/PATH, cmd://COMMAND or dir://PATH";
 
 fn split_scheme(s: &str) -> (Option<&str>, &str) {
     match s.find("://") {
@@ -81,6 +84,7 @@ impl std::str::FromStr for CarrierUrl {
                     command: rest.to_string(),
                 });
             }
+            Some("dir") => return Ok(CarrierUrl::Dir(s.trim().parse()?)),
             None | Some("tls") => Transport::Tls,
             Some("tcp") => Transport::Tcp,
             Some("ws") | Some("wss") => {
@@ -106,6 +110,7 @@ impl fmt::Display for CarrierUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CarrierUrl::Cmd { command } => write!(f, "cmd://{command}"),
+            CarrierUrl::Dir(d) => d.fmt(f),
             CarrierUrl::Net { transport, addr } => match transport {
                 Transport::Ws { path } | Transport::Wss { path } => {
                     write!(f, "{}://{addr}{path}", transport.scheme())
@@ -139,6 +144,8 @@ impl std::str::FromStr for ListenUrl {
                 "a server cannot listen on cmd://; use 'longhaul server --stdio' as the command instead"
                     .to_string(),
             ),
+            // The CLI takes dir:// apart before it gets here.
+            CarrierUrl::Dir(_) => Err(format!("'{s}' is a folder, not a network listener")),
             CarrierUrl::Net { transport, addr } => {
                 let addr = addr.parse().map_err(|_| {
                     format!("'{s}': listen on an IP:PORT, e.g. tls://0.0.0.0:7000 or ws://127.0.0.1:8080/longhaul")

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 
 use clap::{Args, Parser, Subcommand};
+use longhaul_carrier::folder::FolderUrl;
 use longhaul_carrier::{CarrierUrl, Fingerprint, ListenUrl};
 use longhaul_forward::rules::{BindRule, BindRules, Rule, Rules};
 use longhaul_forward::spec::{parse_forward, parse_listen, ForwardSpec};
@@ -285,8 +286,18 @@ impl SessionArgs {
     }
 }
 
-pub(crate) fn parse_listen_url(s: &str) -> Result<ListenUrl, String> {
-    s.parse()
+/// What `--listen` names: a network listener or a shared folder.
+#[derive(Debug, Clone)]
+pub enum Listen {
+    Net(ListenUrl),
+    Dir(FolderUrl),
+}
+
+pub(crate) fn parse_listen_url(s: &str) -> Result<Listen, String> {
+    match s.starts_with("dir://") {
+        true => s.parse().map(Listen::Dir),
+        false => s.parse().map(Listen::Net),
+    }
 }
 /// The client's server address, with its options (`?stripes=K`).
 #[derive(Debug, Clone)]
@@ -299,7 +310,8 @@ pub struct ServerUrl {
 
 pub(crate) fn parse_server_url(s: &str) -> Result<ServerUrl, String> {
     let (base, query) = match s.split_once('?') {
-        Some((b, q)) if !s.starts_with("cmd://") => (b, Some(q)),
+        // cmd:// and dir:// take their own options.
+        Some((b, q)) if !s.starts_with("cmd://") && !s.starts_with("dir://") => (b, Some(q)),
         _ => (s, None),
     };
     let url: CarrierUrl = base.parse()?;
@@ -340,9 +352,9 @@ pub(crate) fn parse_fingerprint(s: &str) -> Result<Fingerprint, String> {
 
 #[derive(Args, Debug)]
 pub struct ServerArgs {
-    /// Carrier listener: [tls://]IP:PORT, tcp://IP:PORT, ws://IP:PORT/PATH or wss://IP:PORT/PATH. Repeatable.
+    /// Carrier listener: [tls://]IP:PORT, tcp://IP:PORT, ws://IP:PORT/PATH, wss://IP:PORT/PATH or dir://PATH (a shared folder). Repeatable.
     #[arg(long, value_name = "URL", value_parser = parse_listen_url, required_unless_present = "stdio")]
-    pub listen: Vec<ListenUrl>,
+    pub listen: Vec<Listen>,
     /// Serve one session on stdin/stdout (for cmd:// clients, e.g. over ssh). The pipe's owner authenticates.
     #[arg(long, conflicts_with = "listen")]
     pub stdio: bool,

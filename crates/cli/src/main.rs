@@ -166,10 +166,13 @@ const SERVER_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 
 async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     use anyhow::Context;
-    let mut cfg = ServerConfig {
-        listen: a.listen.clone(),
-        ..ServerConfig::default()
-    };
+    let mut cfg = ServerConfig::default();
+    for l in &a.listen {
+        match l {
+            args::Listen::Net(u) => cfg.listen.push(u.clone()),
+            args::Listen::Dir(d) => cfg.folders.push(d.clone()),
+        }
+    }
     cfg.rules = a.rules();
     cfg.bind_rules = a.bind_rules();
     // Idle sessions cost the server a slot; native clients come back on
@@ -233,6 +236,9 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     for l in server.listening() {
         tracing::info!("listening on {l}");
     }
+    for d in server.folders() {
+        tracing::info!("serving the folder {d}");
+    }
     server.run_until(stop_signal()).await;
     Ok(())
 }
@@ -262,7 +268,9 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
         }
         (x, y) => x.or(y).unwrap_or(1),
     };
-    if stripes > 1 && (a.jmux || matches!(a.server.url, CarrierUrl::Cmd { .. })) {
+    if stripes > 1
+        && (a.jmux || matches!(a.server.url, CarrierUrl::Cmd { .. } | CarrierUrl::Dir(_)))
+    {
         anyhow::bail!("striping needs a network carrier (tls://, tcp://, ws://, wss://) in native mode: drop --stripes or ?stripes");
     }
     let mut cfg = ClientConfig::new(a.server.url.clone());

@@ -90,6 +90,7 @@ pub(crate) async fn connect(
     let url = &config.server;
     let use_tls = match url {
         CarrierUrl::Cmd { .. } => false,
+        CarrierUrl::Dir(_) => !config.insecure,
         CarrierUrl::Net { transport, .. } => match transport {
             Transport::Tcp if !config.insecure => bail!(
                 "{url} is unencrypted and unauthenticated; use tls:// (the default) or pass --insecure"
@@ -102,6 +103,8 @@ pub(crate) async fn connect(
     let host = match url {
         CarrierUrl::Net { addr, .. } => addr.clone(),
         CarrierUrl::Cmd { .. } => String::new(),
+        // Remembered in known_hosts under its URL.
+        CarrierUrl::Dir(d) => d.to_string(),
     };
     let mut opts = DialOptions {
         tls: None,

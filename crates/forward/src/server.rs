@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use longhaul_carrier::folder::{FolderListener, FolderUrl};
 use longhaul_carrier::{
     accept_with_backoff, bind_listener, Carrier, Identity, ListenUrl, Transport,
 };
@@ -23,8 +24,10 @@ use crate::spec::loopback;
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Carrier listeners (at least one, unless serving stdio).
+    /// Carrier listeners (at least one, unless serving stdio or folders).
     pub listen: Vec<ListenUrl>,
+    /// Shared directories to serve folder carriers in (`dir://PATH`).
+    pub folders: Vec<FolderUrl>,
     /// The server's key, for TLS listeners.
     pub identity: Option<Identity>,
     pub auth: ServerAuth,
@@ -44,6 +47,7 @@ impl Default for ServerConfig {
     fn default() -> ServerConfig {
         ServerConfig {
             listen: vec![],
+            folders: vec![],
             identity: None,
             auth: ServerAuth::default(),
             rules: Rules::default(),
@@ -86,6 +90,11 @@ impl ServerConfig {
                 ));
             }
         }
+        if let (Some(f), None, false) = (self.folders.first(), &self.identity, self.auth.insecure) {
+            return Err(format!(
+                "{f} needs the server's key: --key FILE (make one with 'longhaul keygen --out FILE'), or --insecure for no TLS"
+            ));
+        }
         if self.auth.is_open() && !self.auth.insecure {
             return Err("no way to authenticate clients: give --authorized-keys FILE or --token (or LONGHAUL_TOKEN), or --insecure to let anyone in".into());
         }
@@ -98,6 +107,7 @@ impl ServerConfig {
 
 pub struct Server {
     listeners: Vec<(TcpListener, ListenUrl)>,
+    folders: Vec<FolderListener>,
     tls: Option<Arc<rustls::ServerConfig>>,
     config: ServerConfig,
 }
@@ -240,8 +250,14 @@ impl Server {
                 .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {l}: {e}")))?;
             listeners.push((lst, l.clone()));
         }
+        let folders = config
+            .folders
+            .iter()
+            .map(FolderListener::bind)
+            .collect::<std::io::Result<Vec<_>>>()?;
         Ok(Server {
             listeners,
+            folders,
             tls,
             config,
         })
@@ -266,6 +282,11 @@ impl Server {
             .collect()
     }
 
+    /// The folders served.
+    pub fn folders(&self) -> Vec<FolderUrl> {
+        self.folders.iter().map(|f| f.url().clone()).collect()
+    }
+
     /// Serves carriers until the task is dropped.
     pub async fn run(self) {
         self.run_until(std::future::pending()).await
@@ -281,6 +302,21 @@ impl Server {
         let live = Live::default();
         let resumables = Resumables::new();
         let mut tasks = tokio::task::JoinSet::new();
+        for folder in self.folders {
+            let tls = if config.auth.insecure {
+                None
+            } else {
+                self.tls.clone()
+            };
+            tasks.spawn(folder_accept_loop(
+                folder,
+                tls,
+                config.clone(),
+                slots.clone(),
+                live.clone(),
+                resumables.clone(),
+            ));
+        }
         for (listener, url) in self.listeners {
             let use_tls = config.uses_tls(&url.transport);
             let tls = if use_tls { self.tls.clone() } else { None };
@@ -405,6 +441,62 @@ async fn accept_loop(
                 carrier,
                 key,
                 from.to_string(),
+                config,
+                false,
+                Some(&live),
+                &resumables,
+            );
+            match served.await {
+                Ok(what) => tracing::info!(%from, "{what}"),
+                Err(e) => tracing::warn!(%from, "{e}"),
+            }
+        });
+    }
+}
+
+/// Serves the carriers clients open in a shared directory.
+async fn folder_accept_loop(
+    mut folder: FolderListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    config: Arc<ServerConfig>,
+    slots: Arc<Semaphore>,
+    live: Live,
+    resumables: Arc<Resumables>,
+) {
+    loop {
+        let stream = match folder.accept().await {
+            Ok(s) => s,
+            Err(e) => return tracing::error!("{e}"),
+        };
+        let from = stream.peer.clone();
+        // Dropping the stream removes its files.
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(%from, limit = config.max_sessions, "refusing carrier: session limit reached (--max-sessions)");
+            continue;
+        };
+        let (config, tls, live, resumables) = (
+            config.clone(),
+            tls.clone(),
+            live.clone(),
+            resumables.clone(),
+        );
+        tokio::spawn(async move {
+            let _permit = permit;
+            let limit = config.session.handshake_timeout;
+            let setup = tokio::time::timeout(limit, longhaul_carrier::accept_folder(stream, tls));
+            let (carrier, key) = match setup.await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    return tracing::warn!(%from, "refused carrier: handshake failed: {e}")
+                }
+                Err(_) => {
+                    return tracing::warn!(%from, "refused carrier: handshake not finished within {limit:?}")
+                }
+            };
+            let served = serve_carrier(
+                carrier,
+                key,
+                from.clone(),
                 config,
                 false,
                 Some(&live),

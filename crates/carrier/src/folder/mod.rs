@@ -1,0 +1,385 @@
+//! The folder carrier: a byte stream through a shared directory, for two
+//! hosts that share nothing but a folder (a VM's shared folder, an SMB or
+//! NFS share, a synced mount).
+//!
+//! Each carrier has an id (16 hex digits, chosen by the client) and two
+//! chains of append-only segment files, one per direction:
+//! `lh-<id>.c.<n>` (client to server) and `lh-<id>.s.<n>` (server to
+//! client), made of CRC-checked records (see [`record`]). The client makes
+//! `lh-<id>.c.0`; the server, watching the directory, answers with
+//! `lh-<id>.s.0`. Whatever runs over the carrier (TLS and the session's own
+//! authentication, as on a socket) starts at once.
+//!
+//! What seed 000's file tunnel lacked, and how this does it:
+//! * no locks and no truncation while the peer reads: one writer per file,
+//!   appending; a reader that finds a short or CRC-failing record reads the
+//!   same offset again later;
+//! * bounded disk: a segment holds [`SEGMENT`] bytes; the writer starts
+//!   segment n+1 only after the reader has deleted n-1 (a handshake through
+//!   the directory), so a direction never has more than two segments;
+//! * woken by notifications (inotify), not by a polling timer, where the
+//!   file system gives them; polling (fast after traffic, backing off when
+//!   idle) where it does not — detected by itself, or forced with
+//!   `?poll=on`;
+//! * stale caches of a share: while polling, the reader asks for the file's
+//!   size by path before reading (a FUSE client refreshes its cached size
+//!   then; a held descriptor alone does not) and opens the file afresh while
+//!   a torn record is being rewritten.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+mod pipe;
+pub mod record;
+mod watch;
+
+pub use pipe::{FolderRead, FolderWrite, CORRUPT_AFTER, INBOX, OUTBOX, SEGMENT};
+pub use watch::{PollMode, POLL_MAX, POLL_MIN, SAFETY_POLL};
+
+use pipe::{create_segment, start_reader, start_writer, StreamFiles};
+use watch::{DirWatch, Wake};
+
+/// A shared directory to carry sessions through: `dir://PATH[?poll=…]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FolderUrl {
+    pub dir: PathBuf,
+    pub poll: PollMode,
+}
+
+const USAGE: &str = "use dir://PATH, dir://PATH?poll=on or dir://PATH?poll=DURATION (e.g. 20ms: poll, idling at most that long)";
+
+fn parse_duration(s: &str) -> Option<Duration> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
+    let n: u64 = num.parse().ok()?;
+    match unit {
+        "us" => Some(Duration::from_micros(n)),
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        _ => None,
+    }
+}
+
+impl std::str::FromStr for FolderUrl {
+    type Err = String;
+    fn from_str(s: &str) -> Result<FolderUrl, String> {
+        let rest = s
+            .strip_prefix("dir://")
+            .ok_or_else(|| format!("'{s}' is not a folder address ({USAGE})"))?;
+        let (path, query) = match rest.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (rest, None),
+        };
+        if path.is_empty() {
+            return Err(format!("'{s}' names no directory ({USAGE})"));
+        }
+        let mut poll = PollMode::Auto;
+        for kv in query.into_iter().flat_map(|q| q.split('&')) {
+            poll = match kv.split_once('=') {
+                Some(("poll", "auto")) => PollMode::Auto,
+                Some(("poll", "on")) => PollMode::Forced(POLL_MAX),
+                Some(("poll", d)) => match parse_duration(d) {
+                    Some(d) if d >= POLL_MIN && d <= Duration::from_secs(10) => PollMode::Forced(d),
+                    _ => {
+                        return Err(format!(
+                            "poll={d}: give on, auto, or a duration from 50us to 10s ({USAGE})"
+                        ))
+                    }
+                },
+                _ => return Err(format!("unknown option '{kv}' in '{s}' ({USAGE})")),
+            };
+        }
+        Ok(FolderUrl {
+            dir: PathBuf::from(path),
+            poll,
+        })
+    }
+}
+
+impl fmt::Display for FolderUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "dir://{}", self.dir.display())?;
+        match self.poll {
+            PollMode::Auto => Ok(()),
+            PollMode::Forced(d) => write!(f, "?poll={}us", d.as_micros()),
+        }
+    }
+}
+
+/// Both directions of one folder carrier.
+pub struct FolderStream {
+    read: FolderRead,
+    write: FolderWrite,
+    /// `dir://PATH#ID`, for logs.
+    pub peer: String,
+}
+
+impl FolderStream {
+    pub fn into_split(self) -> (FolderRead, FolderWrite) {
+        (self.read, self.write)
+    }
+}
+
+impl AsyncRead for FolderStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.read).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for FolderStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.write).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.write).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.write).poll_shutdown(cx)
+    }
+}
+
+/// Set once per process: a switch to polling is logged once.
+fn polling_logged() -> Arc<AtomicBool> {
+    static LOGGED: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+    LOGGED.get_or_init(Default::default).clone()
+}
+
+fn check_dir(dir: &Path) -> io::Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("folder carrier: {} is not a directory", dir.display()),
+        )),
+        Err(e) => Err(io::Error::new(
+            e.kind(),
+            format!(
+                "folder carrier: cannot use {} ({e}); create it or mount the share there",
+                dir.display()
+            ),
+        )),
+    }
+}
+
+fn stream_files(url: &FolderUrl, watch: &Arc<DirWatch>, id: &str, tag: char) -> StreamFiles {
+    StreamFiles {
+        dir: url.dir.clone(),
+        key: format!("{id}.{tag}"),
+        mode: url.poll,
+        watch: watch.clone(),
+        logged: polling_logged(),
+    }
+}
+
+fn start(
+    url: &FolderUrl,
+    watch: &Arc<DirWatch>,
+    id: &str,
+    out: char,
+    first: std::fs::File,
+) -> io::Result<FolderStream> {
+    let inp = if out == 'c' { 's' } else { 'c' };
+    let write = start_writer(stream_files(url, watch, id, out), first)?;
+    let read = start_reader(stream_files(url, watch, id, inp))?;
+    Ok(FolderStream {
+        read,
+        write,
+        peer: format!("{url}#{id}"),
+    })
+}
+
+/// Opens a carrier through the folder: makes this carrier's first file for
+/// the server to find. The stream is usable at once; its reads wait for
+/// the server's answer (bound them with the handshake's timeout).
+pub fn dial(url: &FolderUrl) -> io::Result<FolderStream> {
+    check_dir(&url.dir)?;
+    let watch = DirWatch::of(&url.dir);
+    for _ in 0..4 {
+        let id = format!("{:016x}", rand::random::<u64>());
+        let files = stream_files(url, &watch, &id, 'c');
+        match create_segment(&files, 0) {
+            Ok(first) => return start(url, &watch, &id, 'c', first),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::other("folder carrier: no free carrier id"))
+}
+
+/// Files untouched this long are left over from a dead process (live
+/// carriers write a keepalive every few seconds): the listener removes them.
+pub const STALE_AFTER: Duration = Duration::from_secs(3600);
+/// How often the listener looks for them.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// How often the listener reads the directory when no notification wakes it.
+const LISTEN_POLL: Duration = Duration::from_millis(100);
+
+/// Server side: finds carriers that clients open in the directory.
+pub struct FolderListener {
+    rx: tokio::sync::mpsc::Receiver<FolderStream>,
+    stop: Arc<AtomicBool>,
+    wake: Arc<Wake>,
+    url: FolderUrl,
+}
+
+impl FolderListener {
+    /// Starts watching `url`'s directory. Carriers whose files are already
+    /// there are an earlier run's and are ignored (a client still waiting
+    /// on one gives up after its handshake timeout and dials again).
+    pub fn bind(url: &FolderUrl) -> io::Result<FolderListener> {
+        check_dir(&url.dir)?;
+        // Fail now, not on the first client, if we cannot write here.
+        let probe = url
+            .dir
+            .join(format!("lh-probe-{:016x}", rand::random::<u64>()));
+        std::fs::write(&probe, b"").map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "folder carrier: cannot write in {} ({e})",
+                    url.dir.display()
+                ),
+            )
+        })?;
+        let _ = std::fs::remove_file(&probe);
+        let watch = DirWatch::of(&url.dir);
+        let wake = Arc::new(Wake::default());
+        watch.subscribe_listener(&wake);
+        let seen = carrier_ids(&url.dir);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let (u2, w2, s2) = (url.clone(), wake.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("lh-dir-listen".into())
+            .spawn(move || listen_loop(&u2, &watch, &w2, &s2, seen, tx))?;
+        Ok(FolderListener {
+            rx,
+            stop,
+            wake,
+            url: url.clone(),
+        })
+    }
+
+    pub fn url(&self) -> &FolderUrl {
+        &self.url
+    }
+
+    /// The next carrier a client opened.
+    pub async fn accept(&mut self) -> io::Result<FolderStream> {
+        self.rx
+            .recv()
+            .await
+            .ok_or_else(|| io::Error::other(format!("folder listener on {} stopped", self.url)))
+    }
+}
+
+impl Drop for FolderListener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.wake.bump();
+    }
+}
+
+/// The ids of the carriers that have files in `dir`, and whether each has
+/// its client's first file (`c.0`) and the server's (`s.0`).
+fn carrier_ids(dir: &Path) -> std::collections::HashMap<String, (bool, bool)> {
+    let mut ids = std::collections::HashMap::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return ids;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(key) = watch::stream_key(name) else {
+            continue;
+        };
+        let Some((id, _)) = key.split_once('.') else {
+            continue;
+        };
+        if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        let entry = ids.entry(id.to_string()).or_insert((false, false));
+        entry.0 |= name.ends_with(".c.0");
+        entry.1 |= name.ends_with(".s.0");
+    }
+    ids
+}
+
+fn listen_loop(
+    url: &FolderUrl,
+    watch: &Arc<DirWatch>,
+    wake: &Wake,
+    stop: &AtomicBool,
+    old: std::collections::HashMap<String, (bool, bool)>,
+    tx: tokio::sync::mpsc::Sender<FolderStream>,
+) {
+    let mut seen: std::collections::HashSet<String> = old.into_keys().collect();
+    let mut last_sweep = std::time::Instant::now();
+    sweep(&url.dir);
+    while !stop.load(Ordering::Relaxed) {
+        let g = wake.current();
+        let now = carrier_ids(&url.dir);
+        for (id, &(client_first, answered)) in &now {
+            if seen.contains(id) || !client_first || answered {
+                continue;
+            }
+            seen.insert(id.clone());
+            let files = stream_files(url, watch, id, 's');
+            let stream = create_segment(&files, 0).and_then(|f| start(url, watch, id, 's', f));
+            match stream {
+                Ok(s) => {
+                    if tx.blocking_send(s).is_err() {
+                        return;
+                    }
+                }
+                // Another server took it first, or we cannot write: log.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => tracing::warn!("{e}"),
+            }
+        }
+        // Ids whose files are all gone cannot come back: forget them.
+        seen.retain(|id| now.contains_key(id));
+        if last_sweep.elapsed() > SWEEP_EVERY {
+            sweep(&url.dir);
+            last_sweep = std::time::Instant::now();
+        }
+        wake.wait(g, LISTEN_POLL);
+    }
+}
+
+/// Removes carrier files nobody has written for [`STALE_AFTER`].
+fn sweep(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let now = SystemTime::now();
+    for e in rd.flatten() {
+        let is_ours = e.file_name().to_str().is_some_and(|n| n.starts_with("lh-"));
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| now.duration_since(t).ok())
+            .is_some_and(|age| age > STALE_AFTER);
+        if is_ours && old {
+            tracing::info!(file = %e.path().display(), "removing a stale folder-carrier file");
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}

@@ -1,0 +1,567 @@
+//! One direction of a folder carrier: a writer thread appending records to
+//! segment files, a reader thread following them, and the async halves the
+//! session sees.
+//!
+//! Each direction is a chain of segment files `lh-<id>.<c|s>.<n>`. The
+//! writer appends records at its own offset (one writer per file, so no
+//! locks); when a segment is full it waits until segment n-1 is gone,
+//! creates n+1, and ends n with a NEXT record. The reader deletes a segment
+//! once it has read its NEXT (or END) record. So at most two segments per
+//! direction exist: [`SEGMENT`] × 2 on disk, whatever the traffic.
+//!
+//! File I/O runs on two plain threads per carrier, not on the async
+//! runtime: a share can block a read or write for as long as it likes
+//! without stalling other sessions.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::record::{self, Kind, Parsed, HEADER, MAX_PAYLOAD};
+use super::watch::{DirWatch, Pacer, PollMode, Wake};
+
+/// Bytes in one segment file: the disk bound is twice this per direction.
+pub const SEGMENT: u64 = 8 * 1024 * 1024;
+/// Bytes written by the session and not yet in the file (per carrier).
+pub const OUTBOX: usize = 1024 * 1024;
+/// Bytes read from the file and not yet taken by the session.
+pub const INBOX: usize = 1024 * 1024;
+/// How long a record may stay whole-but-wrong (bad CRC, or a header no
+/// writer makes) before the carrier gives up on the file as corrupt.
+pub const CORRUPT_AFTER: Duration = Duration::from_secs(2);
+
+/// The file of segment `n` of stream `key` (`<id>.<c|s>`).
+pub fn segment_path(dir: &Path, key: &str, n: u64) -> PathBuf {
+    dir.join(format!("lh-{key}.{n}"))
+}
+
+/// Where one direction's files are and how to wait for them.
+#[derive(Clone)]
+pub struct StreamFiles {
+    pub dir: PathBuf,
+    /// `<id>.<c|s>`
+    pub key: String,
+    pub mode: PollMode,
+    pub watch: Arc<DirWatch>,
+    pub logged: Arc<AtomicBool>,
+}
+
+impl StreamFiles {
+    fn path(&self, n: u64) -> PathBuf {
+        segment_path(&self.dir, &self.key, n)
+    }
+
+    fn pacer(&self) -> Pacer {
+        Pacer::new(
+            self.mode,
+            &self.watch,
+            format!("folder {}", self.dir.display()),
+            self.logged.clone(),
+        )
+    }
+
+    /// An error that names the file and says what went wrong.
+    fn err(&self, what: &str, n: u64, e: io::Error) -> io::Error {
+        io::Error::new(
+            e.kind(),
+            format!("folder carrier: {what} {}: {e}", self.path(n).display()),
+        )
+    }
+}
+
+/// Creates segment `n` (it must not exist: another carrier's, or stale).
+pub fn create_segment(files: &StreamFiles, n: u64) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(files.path(n))
+        .map_err(|e| files.err("cannot create", n, e))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What ended a thread, for the async side (io::Error is not Clone).
+type Failure = (io::ErrorKind, String);
+
+fn failure(e: &io::Error) -> Failure {
+    (e.kind(), e.to_string())
+}
+
+// ---------------------------------------------------------------- writing
+
+#[derive(Default)]
+struct OutState {
+    buf: BytesMut,
+    closing: bool,
+    dropped: bool,
+    /// END written: the half closed cleanly.
+    done: bool,
+    failed: Option<Failure>,
+    waker: Option<Waker>,
+}
+
+struct WriterShared {
+    st: Mutex<OutState>,
+    wake: Arc<Wake>,
+}
+
+/// The write half: bytes go to a bounded buffer that the writer thread
+/// appends to the files as records, as soon as they are there (each record
+/// takes whatever has gathered, up to [`MAX_PAYLOAD`]: batching without
+/// waiting). `flush` has nothing to do.
+pub struct FolderWrite {
+    sh: Arc<WriterShared>,
+}
+
+/// Starts the writer thread on segment 0, already created.
+pub fn start_writer(files: StreamFiles, first: File) -> io::Result<FolderWrite> {
+    let sh = Arc::new(WriterShared {
+        st: Mutex::default(),
+        wake: Arc::default(),
+    });
+    files.watch.subscribe(&files.key, &sh.wake);
+    let s2 = sh.clone();
+    std::thread::Builder::new()
+        .name("lh-dir-write".into())
+        .spawn(move || {
+            let r = write_loop(&files, &s2, first);
+            let (clean, waker) = {
+                let mut st = lock(&s2.st);
+                match &r {
+                    Ok(()) => st.done = true,
+                    Err(e) => st.failed = Some(failure(e)),
+                }
+                (r.is_ok(), st.waker.take())
+            };
+            if let (Err(e), false) = (&r, lock(&s2.st).dropped) {
+                tracing::warn!("{e}");
+            }
+            if let Some(w) = waker {
+                w.wake();
+            }
+            drop(s2);
+            files.watch.unsubscribe(&files.key);
+            if !clean {
+                // Nobody will read what is left: take it off the disk.
+                remove_stream(&files);
+            }
+        })?;
+    Ok(FolderWrite { sh })
+}
+
+/// Removes whatever segments of a stream are left.
+fn remove_stream(files: &StreamFiles) {
+    let prefix = format!("lh-{}.", files.key);
+    if let Ok(rd) = std::fs::read_dir(&files.dir) {
+        for e in rd.flatten() {
+            if e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&prefix))
+            {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+fn write_loop(files: &StreamFiles, sh: &WriterShared, first: File) -> io::Result<()> {
+    let mut file = first;
+    let mut seg = 0u64;
+    let mut off = 0u64;
+    let mut seq = 0u64;
+    let mut rec = vec![0u8; HEADER + MAX_PAYLOAD];
+    let mut pacer = files.pacer();
+    loop {
+        let g = sh.wake.current();
+        let (kind, len) = {
+            let mut st = lock(&sh.st);
+            if st.dropped {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "folder carrier: closed",
+                ));
+            }
+            if !st.buf.is_empty() {
+                let n = st.buf.len().min(MAX_PAYLOAD);
+                rec[HEADER..HEADER + n].copy_from_slice(&st.buf[..n]);
+                st.buf.advance(n);
+                (Kind::Data, n)
+            } else if st.closing {
+                (Kind::End, 0)
+            } else {
+                drop(st);
+                sh.wake.wait(g, Duration::from_secs(1));
+                continue;
+            }
+        };
+        // Room for this record and the NEXT that may have to follow it.
+        if off + (2 * HEADER + len) as u64 > SEGMENT {
+            if seg > 0 {
+                wait_gone(files, sh, &mut pacer, seg - 1)?;
+            }
+            let next = create_segment(files, seg + 1)?;
+            let mark = record::encode(Kind::Next, seq, &[]);
+            file.write_all_at(&mark, off)
+                .map_err(|e| files.err("cannot write", seg, e))?;
+            seq += 1;
+            (file, seg, off) = (next, seg + 1, 0);
+        }
+        let (hdr, payload) = rec.split_at_mut(HEADER);
+        let hdr: &mut [u8; HEADER] = hdr.try_into().map_err(io::Error::other)?;
+        record::encode_header(kind, seq, &payload[..len], hdr);
+        file.write_all_at(&rec[..HEADER + len], off)
+            .map_err(|e| files.err("cannot write", seg, e))?;
+        seq += 1;
+        off += (HEADER + len) as u64;
+        if kind == Kind::End {
+            return Ok(());
+        }
+        // Room in the buffer again: wake a waiting writer.
+        let w = lock(&sh.st).waker.take();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+}
+
+/// Waits until the reader has deleted segment `n` (it read all of it).
+fn wait_gone(files: &StreamFiles, sh: &WriterShared, pacer: &mut Pacer, n: u64) -> io::Result<()> {
+    let path = files.path(n);
+    loop {
+        let g = sh.wake.current();
+        match std::fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                pacer.news(&sh.wake);
+                return Ok(());
+            }
+            Err(e) => return Err(files.err("cannot look at", n, e)),
+            Ok(_) => {}
+        }
+        if lock(&sh.st).dropped {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "folder carrier: closed",
+            ));
+        }
+        pacer.wait(&sh.wake, g);
+    }
+}
+
+impl AsyncWrite for FolderWrite {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let mut st = lock(&self.sh.st);
+        if let Some((kind, msg)) = &st.failed {
+            return Poll::Ready(Err(io::Error::new(*kind, msg.clone())));
+        }
+        if st.closing {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        let room = OUTBOX.saturating_sub(st.buf.len());
+        if room == 0 {
+            st.waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        let n = room.min(buf.len());
+        st.buf.extend_from_slice(&buf[..n]);
+        drop(st);
+        self.sh.wake.bump();
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    /// Waits until everything written and the END record are in the file.
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut st = lock(&self.sh.st);
+        if st.done {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some((kind, msg)) = &st.failed {
+            return Poll::Ready(Err(io::Error::new(*kind, msg.clone())));
+        }
+        st.waker = Some(cx.waker().clone());
+        if !st.closing {
+            st.closing = true;
+            drop(st);
+            self.sh.wake.bump();
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for FolderWrite {
+    fn drop(&mut self) {
+        lock(&self.sh.st).dropped = true;
+        self.sh.wake.bump();
+    }
+}
+
+// ---------------------------------------------------------------- reading
+
+#[derive(Default)]
+struct InState {
+    buf: BytesMut,
+    eof: bool,
+    failed: Option<Failure>,
+    dropped: bool,
+    /// The thread waits for room in `buf`.
+    wants_room: bool,
+    waker: Option<Waker>,
+}
+
+struct ReaderShared {
+    st: Mutex<InState>,
+    wake: Arc<Wake>,
+}
+
+/// The read half: what the reader thread found in the files, in order.
+pub struct FolderRead {
+    sh: Arc<ReaderShared>,
+}
+
+/// Starts the reader thread on segment 0 (it waits for the file to appear).
+pub fn start_reader(files: StreamFiles) -> io::Result<FolderRead> {
+    let sh = Arc::new(ReaderShared {
+        st: Mutex::default(),
+        wake: Arc::default(),
+    });
+    files.watch.subscribe(&files.key, &sh.wake);
+    let s2 = sh.clone();
+    std::thread::Builder::new()
+        .name("lh-dir-read".into())
+        .spawn(move || {
+            let mut seg = 0;
+            let r = read_loop(&files, &s2, &mut seg);
+            let waker = {
+                let mut st = lock(&s2.st);
+                match &r {
+                    Ok(()) => st.eof = true,
+                    Err(e) => {
+                        if !st.dropped {
+                            tracing::warn!("{e}");
+                        }
+                        st.failed = Some(failure(e));
+                    }
+                }
+                st.waker.take()
+            };
+            if let Some(w) = waker {
+                w.wake();
+            }
+            drop(s2);
+            files.watch.unsubscribe(&files.key);
+            // Read (or given up on): the segment is ours to delete.
+            let _ = std::fs::remove_file(files.path(seg));
+        })?;
+    Ok(FolderRead { sh })
+}
+
+fn read_loop(files: &StreamFiles, sh: &ReaderShared, seg: &mut u64) -> io::Result<()> {
+    let mut file: Option<File> = None;
+    let mut off = 0u64;
+    let mut seq = 0u64;
+    let mut chunk = vec![0u8; HEADER + MAX_PAYLOAD];
+    let mut pacer = files.pacer();
+    // Since when the record at `off` has been whole but wrong.
+    let mut bad_since: Option<Instant> = None;
+    // Polling: the file's size when a read last found nothing new, so that
+    // an unchanged size is not read again.
+    let mut idle_len: Option<u64> = None;
+    loop {
+        let g = sh.wake.current();
+        {
+            let mut st = lock(&sh.st);
+            if st.dropped {
+                return Ok(());
+            }
+            if st.buf.len() + MAX_PAYLOAD > INBOX {
+                st.wants_room = true;
+                drop(st);
+                sh.wake.wait(g, Duration::from_secs(1));
+                continue;
+            }
+        }
+        let path = files.path(*seg);
+        if file.is_none() {
+            match File::open(&path) {
+                Ok(f) => file = Some(f),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    if !files.dir.is_dir() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::NotFound,
+                            format!(
+                                "folder carrier: the directory {} is gone",
+                                files.dir.display()
+                            ),
+                        ));
+                    }
+                    pacer.wait(&sh.wake, g);
+                    continue;
+                }
+                Err(e) => return Err(files.err("cannot open", *seg, e)),
+            }
+        }
+        if pacer.polling() {
+            // A share's client may cache the size: asking by path makes it
+            // look again (a held descriptor alone does not, on FUSE).
+            match std::fs::metadata(&path) {
+                Ok(m) if Some(m.len()) == idle_len && bad_since.is_none() => {
+                    pacer.wait(&sh.wake, g);
+                    continue;
+                }
+                Ok(m) => idle_len = Some(m.len()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(gone(files, *seg)),
+                Err(e) => return Err(files.err("cannot look at", *seg, e)),
+            }
+        }
+        let Some(f) = &file else { continue };
+        let n = f
+            .read_at(&mut chunk, off)
+            .map_err(|e| files.err("cannot read", *seg, e))?;
+        let mut at = 0;
+        let mut progress = false;
+        let mut stuck = None;
+        while at < n {
+            match record::parse(&chunk[at..n]) {
+                Parsed::Record {
+                    kind,
+                    seq: s,
+                    payload,
+                    size,
+                } => {
+                    if s != seq {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!(
+                                "folder carrier: record {s} where {seq} was due, at offset {} of {}: another writer's file?",
+                                off + at as u64,
+                                path.display()
+                            ),
+                        ));
+                    }
+                    seq += 1;
+                    progress = true;
+                    at += size;
+                    match kind {
+                        Kind::Data => {
+                            let w = {
+                                let mut st = lock(&sh.st);
+                                st.buf.extend_from_slice(payload);
+                                st.waker.take()
+                            };
+                            if let Some(w) = w {
+                                w.wake();
+                            }
+                            if lock(&sh.st).buf.len() + MAX_PAYLOAD > INBOX {
+                                break;
+                            }
+                        }
+                        Kind::Next | Kind::End => {
+                            let _ = std::fs::remove_file(&path);
+                            if kind == Kind::End {
+                                return Ok(());
+                            }
+                            (*seg, off, idle_len, file) = (*seg + 1, 0, None, None);
+                            at = 0;
+                            break;
+                        }
+                    }
+                }
+                Parsed::Incomplete => break,
+                Parsed::Bad => {
+                    stuck = Some(off + at as u64);
+                    break;
+                }
+            }
+        }
+        off += at as u64;
+        if progress {
+            idle_len = None;
+            bad_since = None;
+            pacer.news(&sh.wake);
+            continue;
+        }
+        if let Some(at) = stuck {
+            let since = *bad_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > CORRUPT_AFTER {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "folder carrier: the record at offset {at} of {} fails its check and was not rewritten within {CORRUPT_AFTER:?}: the file is corrupt",
+                        path.display()
+                    ),
+                ));
+            }
+            // A cache may hold the torn bytes: open afresh next time.
+            file = None;
+        } else if !pacer.polling() && std::fs::symlink_metadata(&path).is_err() {
+            // Woken for nothing: was it the file going away?
+            return Err(gone(files, *seg));
+        }
+        pacer.wait(&sh.wake, g);
+    }
+}
+
+fn gone(files: &StreamFiles, n: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionReset,
+        format!(
+            "folder carrier: {} was removed before its end (the peer closed the carrier, or someone cleaned the directory)",
+            files.path(n).display()
+        ),
+    )
+}
+
+impl AsyncRead for FolderRead {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let mut st = lock(&self.sh.st);
+        if !st.buf.is_empty() {
+            let n = st.buf.len().min(out.remaining());
+            out.put_slice(&st.buf[..n]);
+            st.buf.advance(n);
+            let wake = st.wants_room && st.buf.len() + MAX_PAYLOAD <= INBOX;
+            if wake {
+                st.wants_room = false;
+                drop(st);
+                self.sh.wake.bump();
+            }
+            return Poll::Ready(Ok(()));
+        }
+        if st.eof {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some((kind, msg)) = &st.failed {
+            return Poll::Ready(Err(io::Error::new(*kind, msg.clone())));
+        }
+        st.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl Drop for FolderRead {
+    fn drop(&mut self) {
+        lock(&self.sh.st).dropped = true;
+        self.sh.wake.bump();
+    }
+}
