@@ -95,6 +95,11 @@ impl DirWatch {
         let s2 = subs.clone();
         let handler = move |ev: notify::Result<notify::Event>| {
             let Ok(ev) = ev else { return };
+            // Opening or reading a file is no news (and is what the
+            // waiting threads do themselves).
+            if matches!(ev.kind, notify::EventKind::Access(_)) {
+                return;
+            }
             let mut wake = Vec::new();
             {
                 let s = s2.lock().unwrap_or_else(|p| p.into_inner());
