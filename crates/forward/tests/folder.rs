@@ -1,0 +1,208 @@
+//! Sessions through a shared folder: TLS with a pinned key and a token
+//! inside the files, on tmpfs (inotify) and through a FUSE mount where no
+//! notification ever comes (bindfs: the server writes the backing
+//! directory, the client the mount), and a session that resumes when its
+//! carrier's files are removed under it. Every stream hashed end to end.
+
+mod common;
+#[path = "common/transfer.rs"]
+mod transfer;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use longhaul_carrier::folder::SEGMENT;
+use longhaul_carrier::{Fingerprint, Identity};
+use longhaul_forward::rules::Rules;
+use longhaul_forward::{Client, ClientConfig, Server, ServerConfig};
+use longhaul_session::SessionConfig;
+use transfer::*;
+
+/// A fresh directory (on tmpfs when there is one), removed on drop.
+struct Folder(PathBuf);
+
+impl Folder {
+    fn new(name: &str) -> Folder {
+        let shm = Path::new("/dev/shm");
+        let base = if shm.is_dir() {
+            shm.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let d = base.join(format!("lh-fwd-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Folder(d)
+    }
+    fn url(&self) -> String {
+        format!("dir://{}", self.0.display())
+    }
+    fn bytes(&self) -> u64 {
+        std::fs::read_dir(&self.0)
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+    fn remove_carrier_files(&self) {
+        for e in std::fs::read_dir(&self.0).unwrap().flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+impl Drop for Folder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A server on the folder `url` with a fresh key, letting token "tok" in.
+async fn folder_server(url: &str, session: SessionConfig) -> Fingerprint {
+    let id = Identity::generate().unwrap();
+    let mut cfg = ServerConfig::default();
+    cfg.folders = vec![url.parse().unwrap()];
+    cfg.identity = Some(id.clone());
+    cfg.auth.token = Some("tok".into());
+    cfg.rules = Rules::allow_all();
+    cfg.session = session;
+    let s = Server::bind(cfg).await.unwrap();
+    tokio::spawn(s.run());
+    id.fingerprint
+}
+
+fn folder_client(url: &str, pin: Fingerprint, target: std::net::SocketAddr) -> ClientConfig {
+    let mut cfg = ClientConfig::new(url.parse().unwrap());
+    cfg.pin = Some(pin);
+    cfg.token = Some("tok".into());
+    cfg.local = vec![fwd("127.0.0.1", target.port())];
+    cfg.session = quick_session();
+    cfg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tmpfs_streams_both_ways_within_the_disk_bound() {
+    let _dump = DumpLogsOnPanic;
+    logs();
+    let dir = Folder::new("bulk");
+    let key = folder_server(&dir.url(), quick_session()).await;
+    let progress = Arc::new(AtomicU64::new(0));
+    let target = hashing_target(progress.clone()).await;
+    let client = Client::start(folder_client(&dir.url(), key, target.0))
+        .await
+        .unwrap();
+    let peak = Arc::new(AtomicU64::new(0));
+    let (peak2, dir2) = (peak.clone(), &dir);
+    transfer_while(&client, target, progress, |p| async move {
+        let all = (PER_STREAM * STREAMS) as u64;
+        within(120, async {
+            while p.load(Ordering::SeqCst) < all {
+                peak2.fetch_max(dir2.bytes(), Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await;
+    })
+    .await;
+    let peak = peak.load(Ordering::SeqCst);
+    // Two segments per direction at most.
+    assert!(peak <= 4 * SEGMENT, "peak disk use {peak}");
+    // Request/response on the same session, small and large.
+    let echo = echo_server().await;
+    let mut cfg = folder_client(&dir.url(), key, echo);
+    cfg.local = vec![fwd("127.0.0.1", echo.port())];
+    let c2 = Client::start(cfg).await.unwrap();
+    echo_streams(c2.local_addrs[0], vec![1, 1000, 100_000, 1 << 20]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_resumes_when_its_files_are_removed() {
+    let _dump = DumpLogsOnPanic;
+    logs();
+    let dir = Folder::new("resume");
+    let key = folder_server(&dir.url(), quick_session()).await;
+    let progress = Arc::new(AtomicU64::new(0));
+    let target = hashing_target(progress.clone()).await;
+    let client = Client::start(folder_client(&dir.url(), key, target.0))
+        .await
+        .unwrap();
+    let before = client.session().resume_id();
+    let dir2 = &dir;
+    transfer_while(&client, target, progress, |p| async move {
+        until_progress(&p, 0.3).await;
+        dir2.remove_carrier_files();
+        until_progress(&p, 0.7).await;
+        dir2.remove_carrier_files();
+    })
+    .await;
+    assert_eq!(
+        client.session().resume_id(),
+        before,
+        "a new session, not a resume"
+    );
+    assert!(log_contains("was removed before its end"));
+}
+
+/// A bindfs mount of `backing` at `mount`, unmounted on drop.
+struct Bindfs(PathBuf);
+
+impl Bindfs {
+    /// None (with the reason) when bindfs or FUSE is missing.
+    fn mount(backing: &Path, mount: &Path) -> Result<Bindfs, String> {
+        std::fs::create_dir_all(mount).map_err(|e| e.to_string())?;
+        let st = std::process::Command::new("bindfs")
+            .arg(backing)
+            .arg(mount)
+            .status()
+            .map_err(|e| format!("bindfs: {e} (apt-get install bindfs)"))?;
+        match st.success() {
+            true => Ok(Bindfs(mount.to_path_buf())),
+            false => Err(format!(
+                "bindfs failed ({st}): is /dev/fuse there, and are we root?"
+            )),
+        }
+    }
+}
+
+impl Drop for Bindfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fuse_share_without_notifications_is_polled() {
+    let _dump = DumpLogsOnPanic;
+    logs();
+    let dir = Folder::new("fuse-backing");
+    let mount_at = std::env::temp_dir().join(format!("lh-fwd-fuse-{}", std::process::id()));
+    let _mount = match Bindfs::mount(&dir.0, &mount_at) {
+        Ok(m) => m,
+        Err(e) if std::env::var_os("CI").is_some() => panic!("FUSE needed under CI: {e}"),
+        Err(e) => return eprintln!("skipping: {e}"),
+    };
+    // The server writes the backing directory; the client works through
+    // the mount, where the server's writes raise no event.
+    let key = folder_server(&dir.url(), quick_session()).await;
+    let progress = Arc::new(AtomicU64::new(0));
+    let target = hashing_target(progress.clone()).await;
+    let url = format!("dir://{}", mount_at.display());
+    let client = Client::start(folder_client(&url, key, target.0))
+        .await
+        .unwrap();
+    transfer_while(&client, target, progress, |_| async {}).await;
+    assert!(
+        log_contains("polling instead"),
+        "no switch to polling logged"
+    );
+}
