@@ -66,12 +66,14 @@ impl Drop for Folder {
 /// A server on the folder `url` with a fresh key, letting token "tok" in.
 async fn folder_server(url: &str, session: SessionConfig) -> Fingerprint {
     let id = Identity::generate().unwrap();
-    let mut cfg = ServerConfig::default();
-    cfg.folders = vec![url.parse().unwrap()];
-    cfg.identity = Some(id.clone());
+    let mut cfg = ServerConfig {
+        folders: vec![url.parse().unwrap()],
+        identity: Some(id.clone()),
+        rules: Rules::allow_all(),
+        session,
+        ..ServerConfig::default()
+    };
     cfg.auth.token = Some("tok".into());
-    cfg.rules = Rules::allow_all();
-    cfg.session = session;
     let s = Server::bind(cfg).await.unwrap();
     tokio::spawn(s.run());
     id.fingerprint
