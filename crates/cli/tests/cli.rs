@@ -70,6 +70,14 @@ fn wrong_arguments_get_one_line_that_says_what_to_do() {
         ),
         (&["netem", "up", "--link2", "30ms,fast"], "is not a rate"),
         (
+            &["client", "dir:///srv/share?poll=fast", "-L", "1:a:1"],
+            "or dir://PATH?poll=DURATION",
+        ),
+        (
+            &["server", "--listen", "dir:///srv/share?stripes=2"],
+            "unknown option 'stripes=2'",
+        ),
+        (
             &["server", "--listen", "127.0.0.1:0", "--max-stripes", "0"],
             "give a number of lanes from 1 to 16",
         ),
@@ -98,6 +106,22 @@ fn client_with_nothing_to_forward_or_no_server_fails_clearly() {
     let (code, err) = run_err(&["client", &dead.to_string(), "-L", "0:127.0.0.1:1"]);
     assert_eq!(code, 1);
     assert!(err.contains("cannot connect to server"), "{err}");
+}
+
+#[test]
+fn a_folder_that_is_not_there_fails_clearly() {
+    let missing = "dir:///nonexistent/longhaul-share";
+    for args in [
+        &["server", "--listen", missing, "--insecure", "--allow-all"][..],
+        &["client", missing, "--insecure", "-L", "0:127.0.0.1:1"][..],
+    ] {
+        let (code, err) = run_err(args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(
+            err.contains("create it or mount the share there"),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 /// `longhaul keygen --out DIR/NAME`; returns the path and the printed fingerprint.

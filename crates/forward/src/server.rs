@@ -424,32 +424,8 @@ async fn accept_loop(
                     return tracing::warn!(%from, "{e}");
                 }
             }
-            // TLS, WebSocket upgrade and the preamble share one deadline.
-            let limit = config.session.handshake_timeout;
-            let setup =
-                tokio::time::timeout(limit, longhaul_carrier::accept(sock, &transport, tls));
-            let (carrier, key) = match setup.await {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => {
-                    return tracing::warn!(%from, "refused carrier: handshake failed: {e}")
-                }
-                Err(_) => {
-                    return tracing::warn!(%from, "refused carrier: handshake not finished within {limit:?}")
-                }
-            };
-            let served = serve_carrier(
-                carrier,
-                key,
-                from.to_string(),
-                config,
-                false,
-                Some(&live),
-                &resumables,
-            );
-            match served.await {
-                Ok(what) => tracing::info!(%from, "{what}"),
-                Err(e) => tracing::warn!(%from, "{e}"),
-            }
+            let setup = longhaul_carrier::accept(sock, &transport, tls);
+            handshake_and_serve(from.to_string(), setup, config, live, resumables).await;
         });
     }
 }
@@ -482,31 +458,43 @@ async fn folder_accept_loop(
         );
         tokio::spawn(async move {
             let _permit = permit;
-            let limit = config.session.handshake_timeout;
-            let setup = tokio::time::timeout(limit, longhaul_carrier::accept_folder(stream, tls));
-            let (carrier, key) = match setup.await {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => {
-                    return tracing::warn!(%from, "refused carrier: handshake failed: {e}")
-                }
-                Err(_) => {
-                    return tracing::warn!(%from, "refused carrier: handshake not finished within {limit:?}")
-                }
-            };
-            let served = serve_carrier(
-                carrier,
-                key,
-                from.clone(),
-                config,
-                false,
-                Some(&live),
-                &resumables,
-            );
-            match served.await {
-                Ok(what) => tracing::info!(%from, "{what}"),
-                Err(e) => tracing::warn!(%from, "{e}"),
-            }
+            let setup = longhaul_carrier::accept_folder(stream, tls);
+            handshake_and_serve(from, setup, config, live, resumables).await;
         });
+    }
+}
+
+/// Runs a carrier's own handshake (TLS, WebSocket upgrade) and then its
+/// session; the handshake and the preamble share one deadline.
+async fn handshake_and_serve(
+    from: String,
+    setup: impl std::future::Future<
+        Output = std::io::Result<(Carrier, Option<longhaul_carrier::Fingerprint>)>,
+    >,
+    config: Arc<ServerConfig>,
+    live: Live,
+    resumables: Arc<Resumables>,
+) {
+    let limit = config.session.handshake_timeout;
+    let (carrier, key) = match tokio::time::timeout(limit, setup).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return tracing::warn!(%from, "refused carrier: handshake failed: {e}"),
+        Err(_) => {
+            return tracing::warn!(%from, "refused carrier: handshake not finished within {limit:?}")
+        }
+    };
+    let served = serve_carrier(
+        carrier,
+        key,
+        from.clone(),
+        config,
+        false,
+        Some(&live),
+        &resumables,
+    );
+    match served.await {
+        Ok(what) => tracing::info!(%from, "{what}"),
+        Err(e) => tracing::warn!(%from, "{e}"),
     }
 }
 

@@ -22,9 +22,11 @@
 //!   idle) where it does not — detected by itself, or forced with
 //!   `?poll=on`;
 //! * stale caches of a share: while polling, the reader asks for the file's
-//!   size by path before reading (a FUSE client refreshes its cached size
-//!   then; a held descriptor alone does not) and opens the file afresh while
-//!   a torn record is being rewritten.
+//!   size with `statx(AT_STATX_FORCE_SYNC)` before reading (a FUSE or NFS
+//!   client otherwise answers from its attribute cache for a second or
+//!   more, and a held descriptor reads only up to the cached size), and
+//!   opens the file afresh while a torn record is being rewritten (a page
+//!   already cached is not read again otherwise).
 
 use std::fmt;
 use std::io;
@@ -153,12 +155,6 @@ impl AsyncWrite for FolderStream {
     }
 }
 
-/// Set once per process: a switch to polling is logged once.
-fn polling_logged() -> Arc<AtomicBool> {
-    static LOGGED: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
-    LOGGED.get_or_init(Default::default).clone()
-}
-
 fn check_dir(dir: &Path) -> io::Result<()> {
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => Ok(()),
@@ -182,7 +178,6 @@ fn stream_files(url: &FolderUrl, watch: &Arc<DirWatch>, id: &str, tag: char) -> 
         key: format!("{id}.{tag}"),
         mode: url.poll,
         watch: watch.clone(),
-        logged: polling_logged(),
     }
 }
 

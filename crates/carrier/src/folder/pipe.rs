@@ -18,7 +18,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -52,7 +52,6 @@ pub struct StreamFiles {
     pub key: String,
     pub mode: PollMode,
     pub watch: Arc<DirWatch>,
-    pub logged: Arc<AtomicBool>,
 }
 
 impl StreamFiles {
@@ -65,7 +64,6 @@ impl StreamFiles {
             self.mode,
             &self.watch,
             format!("folder {}", self.dir.display()),
-            self.logged.clone(),
         )
     }
 
@@ -85,6 +83,27 @@ pub fn create_segment(files: &StreamFiles, n: u64) -> io::Result<File> {
         .create_new(true)
         .open(files.path(n))
         .map_err(|e| files.err("cannot create", n, e))
+}
+
+/// A file's size as the file system has it now: on a share whose client
+/// caches attributes (FUSE keeps them for a second by default; NFS for
+/// several), `statx` with AT_STATX_FORCE_SYNC asks the server again, and a
+/// held descriptor then reads what is new. None: the file is gone.
+fn fresh_len(path: &Path) -> io::Result<Option<u64>> {
+    use rustix::fs::{statx, AtFlags, StatxFlags, CWD};
+    match statx(CWD, path, AtFlags::STATX_FORCE_SYNC, StatxFlags::SIZE) {
+        Ok(st) => Ok(Some(st.stx_size)),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        // No statx (old kernels, some sandboxes): what stat says.
+        Err(rustix::io::Errno::NOSYS) | Err(rustix::io::Errno::PERM) => {
+            match std::fs::metadata(path) {
+                Ok(m) => Ok(Some(m.len())),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -111,15 +130,51 @@ struct OutState {
     waker: Option<Waker>,
 }
 
+/// Where the next record goes.
+struct FileState {
+    file: File,
+    seg: u64,
+    off: u64,
+    seq: u64,
+    /// The record being written: header, then payload.
+    rec: Vec<u8>,
+}
+
+impl FileState {
+    /// Appends the record whose payload (`len` bytes) is in `rec` already.
+    fn append(&mut self, files: &StreamFiles, kind: Kind, len: usize) -> io::Result<()> {
+        let (hdr, payload) = self.rec.split_at_mut(HEADER);
+        let hdr: &mut [u8; HEADER] = hdr.try_into().map_err(io::Error::other)?;
+        record::encode_header(kind, self.seq, &payload[..len], hdr);
+        self.file
+            .write_all_at(&self.rec[..HEADER + len], self.off)
+            .map_err(|e| files.err("cannot write", self.seg, e))?;
+        self.seq += 1;
+        self.off += (HEADER + len) as u64;
+        Ok(())
+    }
+
+    /// Whether a payload of `len` fits with the NEXT that may follow it.
+    fn fits(&self, len: usize) -> bool {
+        self.off + (2 * HEADER + len) as u64 <= SEGMENT
+    }
+}
+
 struct WriterShared {
     st: Mutex<OutState>,
+    /// Taken by whoever writes a record: the thread, or `poll_write` itself.
+    file: Mutex<FileState>,
+    files: StreamFiles,
     wake: Arc<Wake>,
 }
 
-/// The write half: bytes go to a bounded buffer that the writer thread
-/// appends to the files as records, as soon as they are there (each record
-/// takes whatever has gathered, up to [`MAX_PAYLOAD`]: batching without
-/// waiting). `flush` has nothing to do.
+/// The write half. Where notifications work (a local file system, where
+/// an append is a copy into the page cache) `poll_write` appends the record
+/// itself when nothing is queued: no thread to wake on the way. Otherwise
+/// bytes go to a bounded buffer that the writer thread appends as records
+/// as soon as they are there (each record takes whatever has gathered, up
+/// to [`MAX_PAYLOAD`]: batching without waiting), so a share that blocks
+/// never blocks the async runtime. `flush` has nothing to do.
 pub struct FolderWrite {
     sh: Arc<WriterShared>,
 }
@@ -128,6 +183,14 @@ pub struct FolderWrite {
 pub fn start_writer(files: StreamFiles, first: File) -> io::Result<FolderWrite> {
     let sh = Arc::new(WriterShared {
         st: Mutex::default(),
+        file: Mutex::new(FileState {
+            file: first,
+            seg: 0,
+            off: 0,
+            seq: 0,
+            rec: vec![0u8; HEADER + MAX_PAYLOAD],
+        }),
+        files: files.clone(),
         wake: Arc::default(),
     });
     files.watch.subscribe(&files.key, &sh.wake);
@@ -135,18 +198,20 @@ pub fn start_writer(files: StreamFiles, first: File) -> io::Result<FolderWrite> 
     std::thread::Builder::new()
         .name("lh-dir-write".into())
         .spawn(move || {
-            let r = write_loop(&files, &s2, first);
+            let r = write_loop(&s2);
             let (clean, waker) = {
                 let mut st = lock(&s2.st);
                 match &r {
                     Ok(()) => st.done = true,
-                    Err(e) => st.failed = Some(failure(e)),
+                    Err(e) => {
+                        if !st.dropped && st.failed.is_none() {
+                            tracing::warn!("{e}");
+                        }
+                        st.failed.get_or_insert_with(|| failure(e));
+                    }
                 }
                 (r.is_ok(), st.waker.take())
             };
-            if let (Err(e), false) = (&r, lock(&s2.st).dropped) {
-                tracing::warn!("{e}");
-            }
             if let Some(w) = waker {
                 w.wake();
             }
@@ -175,55 +240,50 @@ fn remove_stream(files: &StreamFiles) {
     }
 }
 
-fn write_loop(files: &StreamFiles, sh: &WriterShared, first: File) -> io::Result<()> {
-    let mut file = first;
-    let mut seg = 0u64;
-    let mut off = 0u64;
-    let mut seq = 0u64;
-    let mut rec = vec![0u8; HEADER + MAX_PAYLOAD];
+fn closed() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, "folder carrier: closed")
+}
+
+fn write_loop(sh: &WriterShared) -> io::Result<()> {
+    let files = &sh.files;
     let mut pacer = files.pacer();
     loop {
         let g = sh.wake.current();
+        // The file first, then the queue: bytes taken from the queue are
+        // in the file before `poll_write` can append anything after them.
+        let mut fs = lock(&sh.file);
         let (kind, len) = {
             let mut st = lock(&sh.st);
-            if st.dropped {
-                return Err(io::Error::new(
-                    io::ErrorKind::ConnectionAborted,
-                    "folder carrier: closed",
-                ));
+            if st.dropped || st.failed.is_some() {
+                return Err(closed());
             }
             if !st.buf.is_empty() {
                 let n = st.buf.len().min(MAX_PAYLOAD);
-                rec[HEADER..HEADER + n].copy_from_slice(&st.buf[..n]);
+                fs.rec[HEADER..HEADER + n].copy_from_slice(&st.buf[..n]);
                 st.buf.advance(n);
                 (Kind::Data, n)
             } else if st.closing {
                 (Kind::End, 0)
             } else {
-                drop(st);
+                drop((st, fs));
                 sh.wake.wait(g, Duration::from_secs(1));
                 continue;
             }
         };
-        // Room for this record and the NEXT that may have to follow it.
-        if off + (2 * HEADER + len) as u64 > SEGMENT {
-            if seg > 0 {
-                wait_gone(files, sh, &mut pacer, seg - 1)?;
+        if !fs.fits(len) {
+            if fs.seg > 0 {
+                wait_gone(sh, &mut pacer, fs.seg - 1)?;
             }
-            let next = create_segment(files, seg + 1)?;
-            let mark = record::encode(Kind::Next, seq, &[]);
-            file.write_all_at(&mark, off)
-                .map_err(|e| files.err("cannot write", seg, e))?;
-            seq += 1;
-            (file, seg, off) = (next, seg + 1, 0);
+            let next = create_segment(files, fs.seg + 1)?;
+            let mark = record::encode(Kind::Next, fs.seq, &[]);
+            fs.file
+                .write_all_at(&mark, fs.off)
+                .map_err(|e| files.err("cannot write", fs.seg, e))?;
+            fs.seq += 1;
+            (fs.file, fs.seg, fs.off) = (next, fs.seg + 1, 0);
         }
-        let (hdr, payload) = rec.split_at_mut(HEADER);
-        let hdr: &mut [u8; HEADER] = hdr.try_into().map_err(io::Error::other)?;
-        record::encode_header(kind, seq, &payload[..len], hdr);
-        file.write_all_at(&rec[..HEADER + len], off)
-            .map_err(|e| files.err("cannot write", seg, e))?;
-        seq += 1;
-        off += (HEADER + len) as u64;
+        fs.append(files, kind, len)?;
+        drop(fs);
         if kind == Kind::End {
             return Ok(());
         }
@@ -236,25 +296,53 @@ fn write_loop(files: &StreamFiles, sh: &WriterShared, first: File) -> io::Result
 }
 
 /// Waits until the reader has deleted segment `n` (it read all of it).
-fn wait_gone(files: &StreamFiles, sh: &WriterShared, pacer: &mut Pacer, n: u64) -> io::Result<()> {
-    let path = files.path(n);
+fn wait_gone(sh: &WriterShared, pacer: &mut Pacer, n: u64) -> io::Result<()> {
+    let path = sh.files.path(n);
     loop {
         let g = sh.wake.current();
-        match std::fs::symlink_metadata(&path) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        match fresh_len(&path) {
+            Ok(None) => {
                 pacer.news(&sh.wake);
                 return Ok(());
             }
-            Err(e) => return Err(files.err("cannot look at", n, e)),
-            Ok(_) => {}
+            Err(e) => return Err(sh.files.err("cannot look at", n, e)),
+            Ok(Some(_)) => {}
         }
         if lock(&sh.st).dropped {
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "folder carrier: closed",
-            ));
+            return Err(closed());
         }
         pacer.wait(&sh.wake, g);
+    }
+}
+
+impl FolderWrite {
+    /// Appends `buf` (up to one record) right here, when nothing is queued
+    /// before it, the thread is not busy with the file, and the folder is
+    /// one where appends do not block.
+    fn write_inline(&self, st: &mut OutState, buf: &[u8]) -> Option<io::Result<usize>> {
+        let queue = !st.buf.is_empty()
+            || st.closing
+            || self.sh.files.mode != PollMode::Auto
+            || self.sh.files.watch.missed.load(Ordering::Relaxed);
+        if queue {
+            return None;
+        }
+        let mut fs = self.sh.file.try_lock().ok()?;
+        let n = buf.len().min(MAX_PAYLOAD);
+        if !fs.fits(n) {
+            return None;
+        }
+        fs.rec[HEADER..HEADER + n].copy_from_slice(&buf[..n]);
+        Some(match fs.append(&self.sh.files, Kind::Data, n) {
+            Ok(()) => Ok(n),
+            Err(e) => {
+                tracing::warn!("{e}");
+                st.failed = Some(failure(&e));
+                drop(fs);
+                self.sh.wake.bump();
+                Err(e)
+            }
+        })
     }
 }
 
@@ -270,6 +358,9 @@ impl AsyncWrite for FolderWrite {
         }
         if st.closing {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        if let Some(r) = self.write_inline(&mut st, buf) {
+            return Poll::Ready(r);
         }
         let room = OUTBOX.saturating_sub(st.buf.len());
         if room == 0 {
@@ -419,15 +510,15 @@ fn read_loop(files: &StreamFiles, sh: &ReaderShared, seg: &mut u64) -> io::Resul
             }
         }
         if pacer.polling() {
-            // A share's client may cache the size: asking by path makes it
-            // look again (a held descriptor alone does not, on FUSE).
-            match std::fs::metadata(&path) {
-                Ok(m) if Some(m.len()) == idle_len && bad_since.is_none() => {
+            // A share's client may cache the size (and a held descriptor
+            // reads only up to it): ask for it afresh.
+            match fresh_len(&path) {
+                Ok(Some(len)) if Some(len) == idle_len && bad_since.is_none() => {
                     pacer.wait(&sh.wake, g);
                     continue;
                 }
-                Ok(m) => idle_len = Some(m.len()),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(gone(files, *seg)),
+                Ok(Some(len)) => idle_len = Some(len),
+                Ok(None) => return Err(gone(files, *seg)),
                 Err(e) => return Err(files.err("cannot look at", *seg, e)),
             }
         }

@@ -60,8 +60,9 @@ struct Subscribers {
 /// this process in it.
 pub struct DirWatch {
     subs: Arc<Mutex<Subscribers>>,
-    /// Whether the watcher could be set up at all.
-    pub active: bool,
+    /// Changes were seen here without notifications: every thread on this
+    /// folder polls from now on (and writes are not made inline).
+    pub missed: AtomicBool,
     _watcher: Option<notify::RecommendedWatcher>,
 }
 
@@ -128,14 +129,14 @@ impl DirWatch {
         match watcher {
             Ok(w) => DirWatch {
                 subs,
-                active: true,
+                missed: AtomicBool::new(false),
                 _watcher: Some(w),
             },
             Err(e) => {
                 tracing::info!(dir = %dir.display(), "no file-change notifications ({e}): polling");
                 DirWatch {
                     subs,
-                    active: false,
+                    missed: AtomicBool::new(true),
                     _watcher: None,
                 }
             }
@@ -197,15 +198,14 @@ pub struct Pacer {
     /// woke it), until news or a wake-up.
     timed_out_at: Option<u64>,
     what: String,
-    /// Set once for the process, so the switch is logged once per folder.
-    logged: Arc<AtomicBool>,
+    watch: Arc<DirWatch>,
 }
 
 impl Pacer {
-    pub fn new(mode: PollMode, watch: &DirWatch, what: String, logged: Arc<AtomicBool>) -> Pacer {
+    pub fn new(mode: PollMode, watch: &Arc<DirWatch>, what: String) -> Pacer {
         let polling = match mode {
             PollMode::Forced(max) => Some(max.max(POLL_MIN)),
-            PollMode::Auto if !watch.active => Some(POLL_MAX),
+            PollMode::Auto if watch.missed.load(Ordering::Relaxed) => Some(POLL_MAX),
             PollMode::Auto => None,
         };
         Pacer {
@@ -214,7 +214,7 @@ impl Pacer {
             misses: 0,
             timed_out_at: None,
             what,
-            logged,
+            watch: watch.clone(),
         }
     }
 
@@ -245,7 +245,7 @@ impl Pacer {
             self.misses += 1;
             if self.misses >= MISSES_TO_POLL {
                 self.polling = Some(POLL_MAX);
-                if !self.logged.swap(true, Ordering::Relaxed) {
+                if !self.watch.missed.swap(true, Ordering::Relaxed) {
                     tracing::info!(
                         "{}: changes arrive without file-change notifications (a network or FUSE share?): polling instead",
                         self.what
