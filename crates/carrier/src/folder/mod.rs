@@ -47,7 +47,7 @@ pub use pipe::{FolderRead, FolderWrite, CORRUPT_AFTER, INBOX, OUTBOX, SEGMENT};
 pub use watch::{PollMode, POLL_MAX, POLL_MIN, SAFETY_POLL};
 
 use pipe::{create_segment, start_reader, start_writer, StreamFiles};
-use watch::{DirWatch, Wake};
+use watch::{DirWatch, FileWait, Wake};
 
 /// A shared directory to carry sessions through: `dir://PATH[?poll=…]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -254,14 +254,16 @@ impl FolderListener {
         let _ = std::fs::remove_file(&probe);
         let watch = DirWatch::of(&url.dir);
         let wake = Arc::new(Wake::default());
-        watch.subscribe_listener(&wake);
+        let notify = url.poll == PollMode::Auto;
+        let waiter = FileWait::new(&url.dir, "", &wake, notify)
+            .or_else(|_| FileWait::new(&url.dir, "", &wake, false))?;
         let seen = carrier_ids(&url.dir);
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = tokio::sync::mpsc::channel(8);
-        let (u2, w2, s2) = (url.clone(), wake.clone(), stop.clone());
+        let (u2, s2) = (url.clone(), stop.clone());
         std::thread::Builder::new()
             .name("lh-dir-listen".into())
-            .spawn(move || listen_loop(&u2, &watch, &w2, &s2, seen, tx))?;
+            .spawn(move || listen_loop(&u2, &watch, waiter, &s2, seen, tx))?;
         Ok(FolderListener {
             rx,
             stop,
@@ -319,7 +321,7 @@ fn carrier_ids(dir: &Path) -> std::collections::HashMap<String, (bool, bool)> {
 fn listen_loop(
     url: &FolderUrl,
     watch: &Arc<DirWatch>,
-    wake: &Wake,
+    mut waiter: FileWait,
     stop: &AtomicBool,
     old: std::collections::HashMap<String, (bool, bool)>,
     tx: tokio::sync::mpsc::Sender<FolderStream>,
@@ -328,7 +330,6 @@ fn listen_loop(
     let mut last_sweep = std::time::Instant::now();
     sweep(&url.dir);
     while !stop.load(Ordering::Relaxed) {
-        let g = wake.current();
         let now = carrier_ids(&url.dir);
         for (id, &(client_first, answered)) in &now {
             if seen.contains(id) || !client_first || answered {
@@ -354,7 +355,7 @@ fn listen_loop(
             sweep(&url.dir);
             last_sweep = std::time::Instant::now();
         }
-        wake.wait(g, LISTEN_POLL);
+        waiter.wait(LISTEN_POLL);
     }
 }
 

@@ -27,7 +27,7 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::record::{self, Kind, Parsed, HEADER, MAX_PAYLOAD};
-use super::watch::{DirWatch, Pacer, PollMode, Wake};
+use super::watch::{DirWatch, FileWait, Pacer, PollMode, Wake, POLL_MAX};
 
 /// Bytes in one segment file: the disk bound is twice this per direction.
 pub const SEGMENT: u64 = 8 * 1024 * 1024;
@@ -193,7 +193,6 @@ pub fn start_writer(files: StreamFiles, first: File) -> io::Result<FolderWrite> 
         files: files.clone(),
         wake: Arc::default(),
     });
-    files.watch.subscribe(&files.key, &sh.wake);
     let s2 = sh.clone();
     std::thread::Builder::new()
         .name("lh-dir-write".into())
@@ -216,7 +215,6 @@ pub fn start_writer(files: StreamFiles, first: File) -> io::Result<FolderWrite> 
                 w.wake();
             }
             drop(s2);
-            files.watch.unsubscribe(&files.key);
             if !clean {
                 // Nobody will read what is left: take it off the disk.
                 remove_stream(&files);
@@ -246,7 +244,13 @@ fn closed() -> io::Error {
 
 fn write_loop(sh: &WriterShared) -> io::Result<()> {
     let files = &sh.files;
-    let mut pacer = files.pacer();
+    // Deletions are polled for (rarely needed: by the time a segment is
+    // full, the reader has long deleted the one before).
+    let mut pacer = Pacer::new(
+        PollMode::Forced(POLL_MAX),
+        &files.watch,
+        format!("folder {}", files.dir.display()),
+    );
     loop {
         let g = sh.wake.current();
         // The file first, then the queue: bytes taken from the queue are
@@ -302,7 +306,7 @@ fn wait_gone(sh: &WriterShared, pacer: &mut Pacer, n: u64) -> io::Result<()> {
         let g = sh.wake.current();
         match fresh_len(&path) {
             Ok(None) => {
-                pacer.news(&sh.wake);
+                pacer.news();
                 return Ok(());
             }
             Err(e) => return Err(sh.files.err("cannot look at", n, e)),
@@ -428,18 +432,29 @@ pub struct FolderRead {
 }
 
 /// Starts the reader thread on segment 0 (it waits for the file to appear).
-pub fn start_reader(files: StreamFiles) -> io::Result<FolderRead> {
+pub fn start_reader(mut files: StreamFiles) -> io::Result<FolderRead> {
     let sh = Arc::new(ReaderShared {
         st: Mutex::default(),
         wake: Arc::default(),
     });
-    files.watch.subscribe(&files.key, &sh.wake);
+    // Set up before the thread runs, so that no wake-up is missed.
+    let notify = files.mode == PollMode::Auto;
+    let waiter = match FileWait::new(&files.dir, &files.key, &sh.wake, notify) {
+        Ok(w) => w,
+        // Out of inotify instances (fs.inotify.max_user_instances, 128 by
+        // default): this carrier polls.
+        Err(e) => {
+            tracing::info!(dir = %files.dir.display(), "no file-change notifications ({e}): this carrier polls");
+            files.mode = PollMode::Forced(POLL_MAX);
+            FileWait::new(&files.dir, &files.key, &sh.wake, false)?
+        }
+    };
     let s2 = sh.clone();
     std::thread::Builder::new()
         .name("lh-dir-read".into())
         .spawn(move || {
             let mut seg = 0;
-            let r = read_loop(&files, &s2, &mut seg);
+            let r = read_loop(&files, &s2, waiter, &mut seg);
             let waker = {
                 let mut st = lock(&s2.st);
                 match &r {
@@ -456,15 +471,18 @@ pub fn start_reader(files: StreamFiles) -> io::Result<FolderRead> {
             if let Some(w) = waker {
                 w.wake();
             }
-            drop(s2);
-            files.watch.unsubscribe(&files.key);
             // Read (or given up on): the segment is ours to delete.
             let _ = std::fs::remove_file(files.path(seg));
         })?;
     Ok(FolderRead { sh })
 }
 
-fn read_loop(files: &StreamFiles, sh: &ReaderShared, seg: &mut u64) -> io::Result<()> {
+fn read_loop(
+    files: &StreamFiles,
+    sh: &ReaderShared,
+    mut waiter: FileWait,
+    seg: &mut u64,
+) -> io::Result<()> {
     let mut file: Option<File> = None;
     let mut off = 0u64;
     let mut seq = 0u64;
@@ -476,7 +494,6 @@ fn read_loop(files: &StreamFiles, sh: &ReaderShared, seg: &mut u64) -> io::Resul
     // an unchanged size is not read again.
     let mut idle_len: Option<u64> = None;
     loop {
-        let g = sh.wake.current();
         {
             let mut st = lock(&sh.st);
             if st.dropped {
@@ -485,14 +502,18 @@ fn read_loop(files: &StreamFiles, sh: &ReaderShared, seg: &mut u64) -> io::Resul
             if st.buf.len() + MAX_PAYLOAD > INBOX {
                 st.wants_room = true;
                 drop(st);
-                sh.wake.wait(g, Duration::from_secs(1));
+                waiter.wait(Duration::from_secs(1));
                 continue;
             }
         }
         let path = files.path(*seg);
         if file.is_none() {
             match File::open(&path) {
-                Ok(f) => file = Some(f),
+                Ok(f) => {
+                    // Before the first read: no append after it goes unseen.
+                    waiter.follow(&path);
+                    file = Some(f);
+                }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     if !files.dir.is_dir() {
                         return Err(io::Error::new(
@@ -503,7 +524,7 @@ fn read_loop(files: &StreamFiles, sh: &ReaderShared, seg: &mut u64) -> io::Resul
                             ),
                         ));
                     }
-                    pacer.wait(&sh.wake, g);
+                    pacer.wait_with(|t| waiter.wait(t));
                     continue;
                 }
                 Err(e) => return Err(files.err("cannot open", *seg, e)),
@@ -514,7 +535,7 @@ fn read_loop(files: &StreamFiles, sh: &ReaderShared, seg: &mut u64) -> io::Resul
             // reads only up to it): ask for it afresh.
             match fresh_len(&path) {
                 Ok(Some(len)) if Some(len) == idle_len && bad_since.is_none() => {
-                    pacer.wait(&sh.wake, g);
+                    pacer.wait_with(|t| waiter.wait(t));
                     continue;
                 }
                 Ok(Some(len)) => idle_len = Some(len),
@@ -586,7 +607,7 @@ fn read_loop(files: &StreamFiles, sh: &ReaderShared, seg: &mut u64) -> io::Resul
         if progress {
             idle_len = None;
             bad_since = None;
-            pacer.news(&sh.wake);
+            pacer.news();
             continue;
         }
         if let Some(at) = stuck {
@@ -606,7 +627,7 @@ fn read_loop(files: &StreamFiles, sh: &ReaderShared, seg: &mut u64) -> io::Resul
             // Woken for nothing: was it the file going away?
             return Err(gone(files, *seg));
         }
-        pacer.wait(&sh.wake, g);
+        pacer.wait_with(|t| waiter.wait(t));
     }
 }
 

@@ -1,20 +1,21 @@
 //! Waking the folder carrier's threads: file-change notifications where the
 //! file system gives them, polling where it does not.
 //!
-//! One notification watcher per directory per process (inotify through the
-//! `notify` crate) wakes the threads of the carriers whose files changed,
-//! by carrier id, and the listener when a new carrier appears. On a share
-//! where another host writes (NFS, SMB, a FUSE mount, a VM's shared folder)
-//! no event ever comes; a thread that finds new bytes after a timed-out
-//! wait counts it as a missed event, and after a few it polls instead.
+//! A reader thread waits on its own inotify descriptor, watching the one
+//! file it follows (and the folder for new files), so that a writer's
+//! append wakes exactly the thread that reads it and nothing else; the
+//! listener watches the folder for new files. (A writer waits only for the
+//! session's bytes, or — rarely — for its reader to delete a segment, which
+//! it polls for.) On a share where another host writes (NFS, SMB, a FUSE
+//! mount, a VM's shared folder) no event ever comes; a thread that finds
+//! new bytes after a timed-out wait counts it as a missed event, and after
+//! a few every thread on that folder polls instead.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::Duration;
-
-use notify::Watcher;
 
 /// A counter and a condition variable: a thread reads the counter, checks
 /// what it waits for, then sleeps until the counter moves (or a timeout).
@@ -23,6 +24,8 @@ use notify::Watcher;
 pub struct Wake {
     gen: Mutex<u64>,
     cv: Condvar,
+    /// Also wakes a thread that sleeps in a [`FileWait`].
+    poll_waker: OnceLock<mio::Waker>,
 }
 
 impl Wake {
@@ -33,6 +36,9 @@ impl Wake {
     pub fn bump(&self) {
         *self.gen.lock().unwrap_or_else(|p| p.into_inner()) += 1;
         self.cv.notify_all();
+        if let Some(w) = self.poll_waker.get() {
+            let _ = w.wake();
+        }
     }
 
     /// Sleeps until the counter is no longer `seen` or `timeout` passes;
@@ -47,23 +53,12 @@ impl Wake {
     }
 }
 
-/// Who to wake for changes in one directory.
+/// What the threads of this process know about one folder.
 #[derive(Default)]
-struct Subscribers {
-    /// By stream (`<id>.<c|s>`): the thread reading or writing it.
-    carriers: HashMap<String, Vec<Weak<Wake>>>,
-    /// The listener, for any new file.
-    listener: Option<Weak<Wake>>,
-}
-
-/// The notification watcher of one directory, shared by every carrier of
-/// this process in it.
 pub struct DirWatch {
-    subs: Arc<Mutex<Subscribers>>,
     /// Changes were seen here without notifications: every thread on this
     /// folder polls from now on (and writes are not made inline).
     pub missed: AtomicBool,
-    _watcher: Option<notify::RecommendedWatcher>,
 }
 
 /// The stream a file belongs to: `<id>.<c|s>` of a file `lh-<id>.<c|s>.<n>`
@@ -75,7 +70,7 @@ pub fn stream_key(name: &str) -> Option<&str> {
 }
 
 impl DirWatch {
-    /// The watcher of `dir`, started on first use.
+    /// The state of `dir`, shared by every carrier of this process in it.
     pub fn of(dir: &Path) -> Arc<DirWatch> {
         static ALL: OnceLock<Mutex<HashMap<PathBuf, Weak<DirWatch>>>> = OnceLock::new();
         let mut all = ALL
@@ -86,85 +81,9 @@ impl DirWatch {
         if let Some(w) = all.get(dir).and_then(Weak::upgrade) {
             return w;
         }
-        let w = Arc::new(DirWatch::start(dir));
+        let w = Arc::new(DirWatch::default());
         all.insert(dir.to_path_buf(), Arc::downgrade(&w));
         w
-    }
-
-    fn start(dir: &Path) -> DirWatch {
-        let subs: Arc<Mutex<Subscribers>> = Arc::default();
-        let s2 = subs.clone();
-        let handler = move |ev: notify::Result<notify::Event>| {
-            let Ok(ev) = ev else { return };
-            // Opening or reading a file is no news (and is what the
-            // waiting threads do themselves).
-            if matches!(ev.kind, notify::EventKind::Access(_)) {
-                return;
-            }
-            let mut wake = Vec::new();
-            {
-                let s = s2.lock().unwrap_or_else(|p| p.into_inner());
-                for p in &ev.paths {
-                    let Some(name) = p.file_name().and_then(|n| n.to_str()) else {
-                        continue;
-                    };
-                    if let Some(list) = stream_key(name).and_then(|k| s.carriers.get(k)) {
-                        wake.extend(list.iter().filter_map(Weak::upgrade));
-                    }
-                    // The listener cares only for new carriers, not for
-                    // every write.
-                    if matches!(ev.kind, notify::EventKind::Create(_)) && name.ends_with(".c.0") {
-                        wake.extend(s.listener.as_ref().and_then(Weak::upgrade));
-                    }
-                }
-            }
-            for w in wake {
-                w.bump();
-            }
-        };
-        let watcher = notify::recommended_watcher(handler).and_then(|mut w| {
-            w.watch(dir, notify::RecursiveMode::NonRecursive)?;
-            Ok(w)
-        });
-        match watcher {
-            Ok(w) => DirWatch {
-                subs,
-                missed: AtomicBool::new(false),
-                _watcher: Some(w),
-            },
-            Err(e) => {
-                tracing::info!(dir = %dir.display(), "no file-change notifications ({e}): polling");
-                DirWatch {
-                    subs,
-                    missed: AtomicBool::new(true),
-                    _watcher: None,
-                }
-            }
-        }
-    }
-
-    /// Wakes `wake` whenever a file of stream `key` (`<id>.<c|s>`) changes.
-    pub fn subscribe(&self, key: &str, wake: &Arc<Wake>) {
-        let mut s = self.subs.lock().unwrap_or_else(|p| p.into_inner());
-        let list = s.carriers.entry(key.to_string()).or_default();
-        list.retain(|w| w.strong_count() > 0);
-        list.push(Arc::downgrade(wake));
-    }
-
-    /// Forgets the subscriptions of `key` whose threads are gone.
-    pub fn unsubscribe(&self, key: &str) {
-        let mut s = self.subs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(list) = s.carriers.get_mut(key) {
-            list.retain(|w| w.strong_count() > 0);
-            if list.is_empty() {
-                s.carriers.remove(key);
-            }
-        }
-    }
-
-    /// Wakes `wake` for any change in the directory.
-    pub fn subscribe_listener(&self, wake: &Arc<Wake>) {
-        self.subs.lock().unwrap_or_else(|p| p.into_inner()).listener = Some(Arc::downgrade(wake));
     }
 }
 
@@ -187,6 +106,124 @@ pub const POLL_MAX: Duration = Duration::from_millis(50);
 /// Missed events before a thread stops trusting notifications.
 const MISSES_TO_POLL: u32 = 2;
 
+/// A reader thread's own wait: its own inotify descriptor (no watcher
+/// thread between the writer's append and this thread), on the file it
+/// follows and on the folder for new files, plus the [`Wake`] of its
+/// carrier half, in one `poll`. Writes to other files do not wake it.
+pub struct FileWait {
+    poll: mio::Poll,
+    events: mio::Events,
+    inotify: Option<inotify::Inotify>,
+    /// The file being followed, and its watch.
+    file: Option<(PathBuf, inotify::WatchDescriptor)>,
+    /// File names of our stream start with this: `lh-<id>.<c|s>.`
+    prefix: String,
+    buf: Vec<u8>,
+}
+
+const INOTIFY: mio::Token = mio::Token(0);
+const WAKER: mio::Token = mio::Token(1);
+
+impl FileWait {
+    /// Watches `dir` for new files of stream `key` (`""`: any new file) and
+    /// for its own removal, unless `notify` is false (polling only); wakes
+    /// for `wake` too.
+    pub fn new(dir: &Path, key: &str, wake: &Wake, notify: bool) -> std::io::Result<FileWait> {
+        use inotify::WatchMask;
+        let poll = mio::Poll::new()?;
+        let waker = mio::Waker::new(poll.registry(), WAKER)?;
+        wake.poll_waker
+            .set(waker)
+            .map_err(|_| std::io::Error::other("a wake serves one waiting thread"))?;
+        let inotify = match notify {
+            false => None,
+            true => {
+                let ino = inotify::Inotify::init()?;
+                // The folder: new files (the next segment), and the folder
+                // itself going away.
+                let mask = WatchMask::CREATE
+                    | WatchMask::MOVED_TO
+                    | WatchMask::DELETE_SELF
+                    | WatchMask::MOVE_SELF;
+                ino.watches().add(dir, mask)?;
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&ino);
+                poll.registry().register(
+                    &mut mio::unix::SourceFd(&fd),
+                    INOTIFY,
+                    mio::Interest::READABLE,
+                )?;
+                Some(ino)
+            }
+        };
+        Ok(FileWait {
+            poll,
+            events: mio::Events::with_capacity(4),
+            inotify,
+            file: None,
+            prefix: match key {
+                "" => "lh-".to_string(),
+                k => format!("lh-{k}."),
+            },
+            buf: vec![0u8; 4096],
+        })
+    }
+
+    /// Follows `path` from now on (appends to it, its removal) instead of
+    /// the file before.
+    pub fn follow(&mut self, path: &Path) {
+        use inotify::WatchMask;
+        let Some(ino) = &mut self.inotify else { return };
+        // The same file opened afresh keeps its watch (removing a watch
+        // makes the descriptor readable with nothing to read: a spin).
+        if self.file.as_ref().is_some_and(|(p, _)| p == path) {
+            return;
+        }
+        if let Some((_, old)) = self.file.take() {
+            let _ = ino.watches().remove(old);
+        }
+        // ATTRIB: an unlink while we hold the file open.
+        let mask = WatchMask::MODIFY | WatchMask::ATTRIB | WatchMask::DELETE_SELF;
+        self.file = ino
+            .watches()
+            .add(path, mask)
+            .ok()
+            .map(|wd| (path.to_path_buf(), wd));
+    }
+
+    /// Sleeps until our stream's files change, the wake is bumped, or the
+    /// timeout; true unless it timed out.
+    pub fn wait(&mut self, timeout: Duration) -> bool {
+        if self.poll.poll(&mut self.events, Some(timeout)).is_err() {
+            return true;
+        }
+        let mut woke = self.events.iter().any(|e| e.token() == WAKER);
+        // Edge-triggered: read every queued event.
+        while let Some(ino) = &mut self.inotify {
+            match ino.read_events(&mut self.buf) {
+                Ok(evs) => {
+                    let mut any = false;
+                    for e in evs {
+                        any = true;
+                        woke |= match e.name {
+                            // The file we follow, or the folder itself.
+                            None => {
+                                self.file.as_ref().is_some_and(|(_, wd)| *wd == e.wd)
+                                    || !e.mask.contains(inotify::EventMask::IGNORED)
+                            }
+                            Some(n) => n.to_str().is_some_and(|n| n.starts_with(&self.prefix)),
+                        };
+                    }
+                    if !any {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        woke
+    }
+}
+
 /// One thread's waiting strategy: trusts notifications until they are
 /// seen to miss changes, then polls — fast right after traffic, slower
 /// (doubling, up to the cap) while nothing comes.
@@ -194,9 +231,8 @@ pub struct Pacer {
     polling: Option<Duration>,
     interval: Duration,
     misses: u32,
-    /// The wake counter when the last wait ended by its timeout (nothing
-    /// woke it), until news or a wake-up.
-    timed_out_at: Option<u64>,
+    /// The last wait ended by its timeout: nothing woke it.
+    timed_out: bool,
     what: String,
     watch: Arc<DirWatch>,
 }
@@ -212,7 +248,7 @@ impl Pacer {
             polling,
             interval: POLL_MIN,
             misses: 0,
-            timed_out_at: None,
+            timed_out: false,
             what,
             watch: watch.clone(),
         }
@@ -224,23 +260,26 @@ impl Pacer {
 
     /// Waits on `wake` (counter value `seen`) for the next chance of news.
     pub fn wait(&mut self, wake: &Wake, seen: u64) {
+        self.wait_with(|t| wake.wait(seen, t))
+    }
+
+    /// Waits with `sleep` (which says whether something woke it before
+    /// the timeout it is given) for the next chance of news.
+    pub fn wait_with(&mut self, sleep: impl FnOnce(Duration) -> bool) {
         let timeout = match self.polling {
             Some(_) => self.interval,
             None => SAFETY_POLL,
         };
-        self.timed_out_at = match wake.wait(seen, timeout) {
-            true => None,
-            false => Some(seen),
-        };
+        self.timed_out = !sleep(timeout);
         if let Some(max) = self.polling {
             self.interval = (self.interval * 2).min(max);
         }
     }
 
     /// Called when a check found news (bytes, a file created or deleted).
-    pub fn news(&mut self, wake: &Wake) {
+    pub fn news(&mut self) {
         self.interval = POLL_MIN;
-        if self.polling.is_none() && self.timed_out_at == Some(wake.current()) {
+        if self.polling.is_none() && self.timed_out {
             // The change was there but no notification came for it.
             self.misses += 1;
             if self.misses >= MISSES_TO_POLL {
@@ -253,6 +292,6 @@ impl Pacer {
                 }
             }
         }
-        self.timed_out_at = None;
+        self.timed_out = false;
     }
 }
