@@ -158,3 +158,54 @@ fn urls_parse_with_one_line_errors() {
         assert!(e.contains("dir://PATH"), "{bad}: {e}");
     }
 }
+
+/// A tmpfs of `size` mounted at a fresh directory (root only), unmounted
+/// on drop.
+struct SmallTmpfs(std::path::PathBuf);
+
+impl SmallTmpfs {
+    fn mount(name: &str, size: &str) -> Option<SmallTmpfs> {
+        let d = std::env::temp_dir().join(format!("lh-folder-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).ok()?;
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&d)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| SmallTmpfs(d))
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn a_full_disk_is_a_clear_error_not_a_hang() {
+    let Some(fs) = SmallTmpfs::mount("full", "2m") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root: mount must work"
+        );
+        return eprintln!("skipping: cannot mount a tmpfs (not root?)");
+    };
+    let url: FolderUrl = format!("dir://{}", fs.0.display()).parse().unwrap();
+    let mut listener = FolderListener::bind(&url).unwrap();
+    let mut client = dial(&url).unwrap();
+    let _server = within(5, listener.accept()).await.unwrap();
+    // Nobody reads: the first segment grows until the disk is full.
+    let block = vec![7u8; 64 * 1024];
+    let e = within(10, async {
+        loop {
+            if let Err(e) = client.write_all(&block).await {
+                return e;
+            }
+        }
+    })
+    .await;
+    assert!(e.to_string().contains("No space left"), "{e}");
+    assert!(e.to_string().contains("folder carrier"), "{e}");
+}
