@@ -40,14 +40,20 @@ use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 mod pipe;
+mod read;
 pub mod record;
 mod watch;
+mod write;
 
-pub use pipe::{FolderRead, FolderWrite, CORRUPT_AFTER, INBOX, OUTBOX, SEGMENT};
+pub use pipe::{CORRUPT_AFTER, INBOX, OUTBOX, SEGMENT};
+pub use read::FolderRead;
 pub use watch::{PollMode, POLL_MAX, POLL_MIN, SAFETY_POLL};
+pub use write::FolderWrite;
 
-use pipe::{create_segment, start_reader, start_writer, StreamFiles};
-use watch::{DirWatch, FileWait, Wake};
+use pipe::{create_segment, StreamFiles};
+use read::start_reader;
+use watch::{watch_dir, DirWatch, FileWait, Wake};
+use write::start_writer;
 
 /// A shared directory to carry sessions through: `dir://PATH[?poll=…]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -254,9 +260,11 @@ impl FolderListener {
         let _ = std::fs::remove_file(&probe);
         let watch = DirWatch::of(&url.dir);
         let wake = Arc::new(Wake::default());
-        let notify = url.poll == PollMode::Auto;
-        let waiter = FileWait::new(&url.dir, "", &wake, notify)
-            .or_else(|_| FileWait::new(&url.dir, "", &wake, false))?;
+        let inotify = match url.poll {
+            PollMode::Auto => watch_dir(&url.dir, "").ok(),
+            PollMode::Forced(_) => None,
+        };
+        let waiter = FileWait::new(inotify, &wake)?;
         let seen = carrier_ids(&url.dir);
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = tokio::sync::mpsc::channel(8);

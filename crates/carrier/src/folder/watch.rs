@@ -106,18 +106,106 @@ pub const POLL_MAX: Duration = Duration::from_millis(50);
 /// Missed events before a thread stops trusting notifications.
 const MISSES_TO_POLL: u32 = 2;
 
-/// A reader thread's own wait: its own inotify descriptor (no watcher
-/// thread between the writer's append and this thread), on the file it
-/// follows and on the folder for new files, plus the [`Wake`] of its
-/// carrier half, in one `poll`. Writes to other files do not wake it.
-pub struct FileWait {
-    poll: mio::Poll,
-    events: mio::Events,
-    inotify: Option<inotify::Inotify>,
+/// What a reader watches with its own inotify descriptor: the file it
+/// follows (and the folder, for new files of its stream and for the folder
+/// going away), so that a writer's append wakes exactly the reader of that
+/// file — no watcher thread on the way, no wake-ups for other files.
+pub struct FileWatch {
+    watches: inotify::Watches,
     /// The file being followed, and its watch.
     file: Option<(PathBuf, inotify::WatchDescriptor)>,
     /// File names of our stream start with this: `lh-<id>.<c|s>.`
     prefix: String,
+}
+
+/// A new inotify descriptor watching `dir` for new files of stream `key`
+/// (`""`: any carrier's).
+pub fn watch_dir(dir: &Path, key: &str) -> std::io::Result<(inotify::Inotify, FileWatch)> {
+    use inotify::WatchMask;
+    let ino = inotify::Inotify::init()?;
+    let mask =
+        WatchMask::CREATE | WatchMask::MOVED_TO | WatchMask::DELETE_SELF | WatchMask::MOVE_SELF;
+    let mut watches = ino.watches();
+    watches.add(dir, mask)?;
+    let prefix = match key {
+        "" => "lh-".to_string(),
+        k => format!("lh-{k}."),
+    };
+    Ok((
+        ino,
+        FileWatch {
+            watches,
+            file: None,
+            prefix,
+        },
+    ))
+}
+
+impl FileWatch {
+    /// Follows `path` from now on (appends to it, its removal) instead of
+    /// the file before.
+    pub fn follow(&mut self, path: &Path) {
+        use inotify::WatchMask;
+        // The same file opened afresh keeps its watch (removing a watch
+        // makes the descriptor readable with nothing to read: a spin).
+        if self.file.as_ref().is_some_and(|(p, _)| p == path) {
+            return;
+        }
+        if let Some((_, old)) = self.file.take() {
+            let _ = self.watches.remove(old);
+        }
+        // ATTRIB: an unlink while we hold the file open.
+        let mask = WatchMask::MODIFY | WatchMask::ATTRIB | WatchMask::DELETE_SELF;
+        self.file = self
+            .watches
+            .add(path, mask)
+            .ok()
+            .map(|wd| (path.to_path_buf(), wd));
+    }
+
+    /// Whether an event concerns our stream.
+    pub fn ours(
+        &self,
+        wd: &inotify::WatchDescriptor,
+        mask: inotify::EventMask,
+        name: Option<&std::ffi::OsStr>,
+    ) -> bool {
+        match name {
+            // The file we follow, or the folder itself.
+            None => {
+                self.file.as_ref().is_some_and(|(_, f)| f == wd)
+                    || !mask.contains(inotify::EventMask::IGNORED)
+            }
+            Some(n) => n.to_str().is_some_and(|n| n.starts_with(&self.prefix)),
+        }
+    }
+}
+
+/// Reads every event queued on `ino` (non-blocking); true if one concerns
+/// `watch`'s stream.
+fn drain(ino: &mut inotify::Inotify, watch: &FileWatch, buf: &mut [u8]) -> bool {
+    let mut ours = false;
+    loop {
+        let Ok(evs) = ino.read_events(buf) else {
+            return ours;
+        };
+        let mut any = false;
+        for e in evs {
+            any = true;
+            ours |= watch.ours(&e.wd, e.mask, e.name);
+        }
+        if !any {
+            return ours;
+        }
+    }
+}
+
+/// A thread's wait: its [`FileWatch`] (if notifications are used) and the
+/// [`Wake`] of its carrier half, in one `poll`.
+pub struct FileWait {
+    poll: mio::Poll,
+    events: mio::Events,
+    watch: Option<(inotify::Inotify, FileWatch)>,
     buf: Vec<u8>,
 }
 
@@ -125,69 +213,36 @@ const INOTIFY: mio::Token = mio::Token(0);
 const WAKER: mio::Token = mio::Token(1);
 
 impl FileWait {
-    /// Watches `dir` for new files of stream `key` (`""`: any new file) and
-    /// for its own removal, unless `notify` is false (polling only); wakes
-    /// for `wake` too.
-    pub fn new(dir: &Path, key: &str, wake: &Wake, notify: bool) -> std::io::Result<FileWait> {
-        use inotify::WatchMask;
+    /// Waits on `watch` (None: polling only) and on `wake`.
+    pub fn new(
+        watch: Option<(inotify::Inotify, FileWatch)>,
+        wake: &Wake,
+    ) -> std::io::Result<FileWait> {
         let poll = mio::Poll::new()?;
         let waker = mio::Waker::new(poll.registry(), WAKER)?;
         wake.poll_waker
             .set(waker)
             .map_err(|_| std::io::Error::other("a wake serves one waiting thread"))?;
-        let inotify = match notify {
-            false => None,
-            true => {
-                let ino = inotify::Inotify::init()?;
-                // The folder: new files (the next segment), and the folder
-                // itself going away.
-                let mask = WatchMask::CREATE
-                    | WatchMask::MOVED_TO
-                    | WatchMask::DELETE_SELF
-                    | WatchMask::MOVE_SELF;
-                ino.watches().add(dir, mask)?;
-                let fd = std::os::fd::AsRawFd::as_raw_fd(&ino);
-                poll.registry().register(
-                    &mut mio::unix::SourceFd(&fd),
-                    INOTIFY,
-                    mio::Interest::READABLE,
-                )?;
-                Some(ino)
-            }
-        };
+        if let Some((ino, _)) = &watch {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(ino);
+            poll.registry().register(
+                &mut mio::unix::SourceFd(&fd),
+                INOTIFY,
+                mio::Interest::READABLE,
+            )?;
+        }
         Ok(FileWait {
             poll,
             events: mio::Events::with_capacity(4),
-            inotify,
-            file: None,
-            prefix: match key {
-                "" => "lh-".to_string(),
-                k => format!("lh-{k}."),
-            },
+            watch,
             buf: vec![0u8; 4096],
         })
     }
 
-    /// Follows `path` from now on (appends to it, its removal) instead of
-    /// the file before.
     pub fn follow(&mut self, path: &Path) {
-        use inotify::WatchMask;
-        let Some(ino) = &mut self.inotify else { return };
-        // The same file opened afresh keeps its watch (removing a watch
-        // makes the descriptor readable with nothing to read: a spin).
-        if self.file.as_ref().is_some_and(|(p, _)| p == path) {
-            return;
+        if let Some((_, w)) = &mut self.watch {
+            w.follow(path);
         }
-        if let Some((_, old)) = self.file.take() {
-            let _ = ino.watches().remove(old);
-        }
-        // ATTRIB: an unlink while we hold the file open.
-        let mask = WatchMask::MODIFY | WatchMask::ATTRIB | WatchMask::DELETE_SELF;
-        self.file = ino
-            .watches()
-            .add(path, mask)
-            .ok()
-            .map(|wd| (path.to_path_buf(), wd));
     }
 
     /// Sleeps until our stream's files change, the wake is bumped, or the
@@ -196,31 +251,13 @@ impl FileWait {
         if self.poll.poll(&mut self.events, Some(timeout)).is_err() {
             return true;
         }
-        let mut woke = self.events.iter().any(|e| e.token() == WAKER);
+        let woke = self.events.iter().any(|e| e.token() == WAKER);
         // Edge-triggered: read every queued event.
-        while let Some(ino) = &mut self.inotify {
-            match ino.read_events(&mut self.buf) {
-                Ok(evs) => {
-                    let mut any = false;
-                    for e in evs {
-                        any = true;
-                        woke |= match e.name {
-                            // The file we follow, or the folder itself.
-                            None => {
-                                self.file.as_ref().is_some_and(|(_, wd)| *wd == e.wd)
-                                    || !e.mask.contains(inotify::EventMask::IGNORED)
-                            }
-                            Some(n) => n.to_str().is_some_and(|n| n.starts_with(&self.prefix)),
-                        };
-                    }
-                    if !any {
-                        break;
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        woke
+        let ours = match &mut self.watch {
+            Some((ino, w)) => drain(ino, w, &mut self.buf),
+            None => false,
+        };
+        woke || ours
     }
 }
 
@@ -266,11 +303,20 @@ impl Pacer {
     /// Waits with `sleep` (which says whether something woke it before
     /// the timeout it is given) for the next chance of news.
     pub fn wait_with(&mut self, sleep: impl FnOnce(Duration) -> bool) {
-        let timeout = match self.polling {
+        self.note_wait(!sleep(self.timeout()));
+    }
+
+    /// How long the next wait may last before checking anyway.
+    pub fn timeout(&self) -> Duration {
+        match self.polling {
             Some(_) => self.interval,
             None => SAFETY_POLL,
-        };
-        self.timed_out = !sleep(timeout);
+        }
+    }
+
+    /// Records how a wait ended (for a wait made elsewhere: an async one).
+    pub fn note_wait(&mut self, timed_out: bool) {
+        self.timed_out = timed_out;
         if let Some(max) = self.polling {
             self.interval = (self.interval * 2).min(max);
         }

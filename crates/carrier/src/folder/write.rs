@@ -1,0 +1,309 @@
+//! The write half of a folder carrier direction: records appended by
+//! `poll_write` itself where appends do not block, by a thread otherwise.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::AsyncWrite;
+
+use super::pipe::{
+    create_segment, failure, fresh_len, lock, Failure, StreamFiles, OUTBOX, SEGMENT,
+};
+use super::record::{self, Kind, HEADER, MAX_PAYLOAD};
+use super::watch::{Pacer, PollMode, Wake, POLL_MAX};
+
+#[derive(Default)]
+struct OutState {
+    buf: BytesMut,
+    closing: bool,
+    dropped: bool,
+    /// END written: the half closed cleanly.
+    done: bool,
+    failed: Option<Failure>,
+    waker: Option<Waker>,
+}
+
+/// Where the next record goes.
+struct FileState {
+    file: File,
+    seg: u64,
+    off: u64,
+    seq: u64,
+    /// The record being written: header, then payload.
+    rec: Vec<u8>,
+}
+
+impl FileState {
+    /// Appends the record whose payload (`len` bytes) is in `rec` already.
+    fn append(&mut self, files: &StreamFiles, kind: Kind, len: usize) -> io::Result<()> {
+        let (hdr, payload) = self.rec.split_at_mut(HEADER);
+        let hdr: &mut [u8; HEADER] = hdr.try_into().map_err(io::Error::other)?;
+        record::encode_header(kind, self.seq, &payload[..len], hdr);
+        self.file
+            .write_all_at(&self.rec[..HEADER + len], self.off)
+            .map_err(|e| files.err("cannot write", self.seg, e))?;
+        self.seq += 1;
+        self.off += (HEADER + len) as u64;
+        Ok(())
+    }
+
+    /// Whether a payload of `len` fits with the NEXT that may follow it.
+    fn fits(&self, len: usize) -> bool {
+        self.off + (2 * HEADER + len) as u64 <= SEGMENT
+    }
+}
+
+struct WriterShared {
+    st: Mutex<OutState>,
+    /// Taken by whoever writes a record: the thread, or `poll_write` itself.
+    file: Mutex<FileState>,
+    files: StreamFiles,
+    wake: Arc<Wake>,
+}
+
+/// The write half. Where notifications work (a local file system, where
+/// an append is a copy into the page cache) `poll_write` appends the record
+/// itself when nothing is queued: no thread to wake on the way. Otherwise
+/// bytes go to a bounded buffer that the writer thread appends as records
+/// as soon as they are there (each record takes whatever has gathered, up
+/// to [`MAX_PAYLOAD`]: batching without waiting), so a share that blocks
+/// never blocks the async runtime. `flush` has nothing to do.
+pub struct FolderWrite {
+    sh: Arc<WriterShared>,
+}
+
+/// Starts the writer thread on segment 0, already created.
+pub fn start_writer(files: StreamFiles, first: File) -> io::Result<FolderWrite> {
+    let sh = Arc::new(WriterShared {
+        st: Mutex::default(),
+        file: Mutex::new(FileState {
+            file: first,
+            seg: 0,
+            off: 0,
+            seq: 0,
+            rec: vec![0u8; HEADER + MAX_PAYLOAD],
+        }),
+        files: files.clone(),
+        wake: Arc::default(),
+    });
+    let s2 = sh.clone();
+    std::thread::Builder::new()
+        .name("lh-dir-write".into())
+        .spawn(move || {
+            let r = write_loop(&s2);
+            let (clean, waker) = {
+                let mut st = lock(&s2.st);
+                match &r {
+                    Ok(()) => st.done = true,
+                    Err(e) => {
+                        if !st.dropped && st.failed.is_none() {
+                            tracing::warn!("{e}");
+                        }
+                        st.failed.get_or_insert_with(|| failure(e));
+                    }
+                }
+                (r.is_ok(), st.waker.take())
+            };
+            if let Some(w) = waker {
+                w.wake();
+            }
+            drop(s2);
+            if !clean {
+                // Nobody will read what is left: take it off the disk.
+                remove_stream(&files);
+            }
+        })?;
+    Ok(FolderWrite { sh })
+}
+
+/// Removes whatever segments of a stream are left.
+fn remove_stream(files: &StreamFiles) {
+    let prefix = format!("lh-{}.", files.key);
+    if let Ok(rd) = std::fs::read_dir(&files.dir) {
+        for e in rd.flatten() {
+            if e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&prefix))
+            {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+fn closed() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, "folder carrier: closed")
+}
+
+fn write_loop(sh: &WriterShared) -> io::Result<()> {
+    let files = &sh.files;
+    // Deletions are polled for (rarely needed: by the time a segment is
+    // full, the reader has long deleted the one before).
+    let mut pacer = Pacer::new(
+        PollMode::Forced(POLL_MAX),
+        &files.watch,
+        format!("folder {}", files.dir.display()),
+    );
+    loop {
+        let g = sh.wake.current();
+        // The file first, then the queue: bytes taken from the queue are
+        // in the file before `poll_write` can append anything after them.
+        let mut fs = lock(&sh.file);
+        let (kind, len) = {
+            let mut st = lock(&sh.st);
+            if st.dropped || st.failed.is_some() {
+                return Err(closed());
+            }
+            if !st.buf.is_empty() {
+                let n = st.buf.len().min(MAX_PAYLOAD);
+                fs.rec[HEADER..HEADER + n].copy_from_slice(&st.buf[..n]);
+                st.buf.advance(n);
+                (Kind::Data, n)
+            } else if st.closing {
+                (Kind::End, 0)
+            } else {
+                drop((st, fs));
+                sh.wake.wait(g, Duration::from_secs(1));
+                continue;
+            }
+        };
+        if !fs.fits(len) {
+            if fs.seg > 0 {
+                wait_gone(sh, &mut pacer, fs.seg - 1)?;
+            }
+            let next = create_segment(files, fs.seg + 1)?;
+            let mark = record::encode(Kind::Next, fs.seq, &[]);
+            fs.file
+                .write_all_at(&mark, fs.off)
+                .map_err(|e| files.err("cannot write", fs.seg, e))?;
+            fs.seq += 1;
+            (fs.file, fs.seg, fs.off) = (next, fs.seg + 1, 0);
+        }
+        fs.append(files, kind, len)?;
+        drop(fs);
+        if kind == Kind::End {
+            return Ok(());
+        }
+        // Room in the buffer again: wake a waiting writer.
+        let w = lock(&sh.st).waker.take();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+}
+
+/// Waits until the reader has deleted segment `n` (it read all of it).
+fn wait_gone(sh: &WriterShared, pacer: &mut Pacer, n: u64) -> io::Result<()> {
+    let path = sh.files.path(n);
+    loop {
+        let g = sh.wake.current();
+        match fresh_len(&path) {
+            Ok(None) => {
+                pacer.news();
+                return Ok(());
+            }
+            Err(e) => return Err(sh.files.err("cannot look at", n, e)),
+            Ok(Some(_)) => {}
+        }
+        if lock(&sh.st).dropped {
+            return Err(closed());
+        }
+        pacer.wait(&sh.wake, g);
+    }
+}
+
+impl FolderWrite {
+    /// Appends `buf` (up to one record) right here, when nothing is queued
+    /// before it, the thread is not busy with the file, and the folder is
+    /// one where appends do not block.
+    fn write_inline(&self, st: &mut OutState, buf: &[u8]) -> Option<io::Result<usize>> {
+        let queue = !st.buf.is_empty()
+            || st.closing
+            || self.sh.files.mode != PollMode::Auto
+            || self.sh.files.watch.missed.load(Ordering::Relaxed);
+        if queue {
+            return None;
+        }
+        let mut fs = self.sh.file.try_lock().ok()?;
+        let n = buf.len().min(MAX_PAYLOAD);
+        if !fs.fits(n) {
+            return None;
+        }
+        fs.rec[HEADER..HEADER + n].copy_from_slice(&buf[..n]);
+        Some(match fs.append(&self.sh.files, Kind::Data, n) {
+            Ok(()) => Ok(n),
+            Err(e) => {
+                tracing::warn!("{e}");
+                st.failed = Some(failure(&e));
+                drop(fs);
+                self.sh.wake.bump();
+                Err(e)
+            }
+        })
+    }
+}
+
+impl AsyncWrite for FolderWrite {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let mut st = lock(&self.sh.st);
+        if let Some((kind, msg)) = &st.failed {
+            return Poll::Ready(Err(io::Error::new(*kind, msg.clone())));
+        }
+        if st.closing {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        if let Some(r) = self.write_inline(&mut st, buf) {
+            return Poll::Ready(r);
+        }
+        let room = OUTBOX.saturating_sub(st.buf.len());
+        if room == 0 {
+            st.waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        let n = room.min(buf.len());
+        st.buf.extend_from_slice(&buf[..n]);
+        drop(st);
+        self.sh.wake.bump();
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    /// Waits until everything written and the END record are in the file.
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut st = lock(&self.sh.st);
+        if st.done {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some((kind, msg)) = &st.failed {
+            return Poll::Ready(Err(io::Error::new(*kind, msg.clone())));
+        }
+        st.waker = Some(cx.waker().clone());
+        if !st.closing {
+            st.closing = true;
+            drop(st);
+            self.sh.wake.bump();
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for FolderWrite {
+    fn drop(&mut self) {
+        lock(&self.sh.st).dropped = true;
+        self.sh.wake.bump();
+    }
+}
