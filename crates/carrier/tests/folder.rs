@@ -209,3 +209,22 @@ async fn a_full_disk_is_a_clear_error_not_a_hang() {
     assert!(e.to_string().contains("No space left"), "{e}");
     assert!(e.to_string().contains("folder carrier"), "{e}");
 }
+
+#[tokio::test]
+async fn a_half_dropped_without_shutdown_still_delivers_then_ends() {
+    let dir = TempDir::new("drop");
+    let mut listener = FolderListener::bind(&dir.url()).unwrap();
+    let mut client = dial(&dir.url()).unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let mut server = within(5, listener.accept()).await.unwrap();
+    let d2 = data.clone();
+    let sent = tokio::spawn(async move {
+        client.write_all(&d2).await.unwrap();
+        // As a socket's close: no shutdown, just gone.
+        drop(client);
+    });
+    let mut got = Vec::new();
+    within(10, server.read_to_end(&mut got)).await.unwrap();
+    sent.await.unwrap();
+    assert_eq!(got, data);
+}

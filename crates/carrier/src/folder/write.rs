@@ -158,7 +158,7 @@ fn write_loop(sh: &WriterShared) -> io::Result<()> {
         let mut fs = lock(&sh.file);
         let (kind, len) = {
             let mut st = lock(&sh.st);
-            if st.dropped || st.failed.is_some() {
+            if st.failed.is_some() {
                 return Err(closed());
             }
             if !st.buf.is_empty() {
@@ -166,7 +166,9 @@ fn write_loop(sh: &WriterShared) -> io::Result<()> {
                 fs.rec[HEADER..HEADER + n].copy_from_slice(&st.buf[..n]);
                 st.buf.advance(n);
                 (Kind::Data, n)
-            } else if st.closing {
+            } else if st.closing || st.dropped {
+                // Dropped without a shutdown: as a socket's close, what
+                // was written still arrives, then the end.
                 (Kind::End, 0)
             } else {
                 drop((st, fs));
