@@ -60,6 +60,17 @@ impl StreamFiles {
         )
     }
 
+    /// How a writer waits for its reader to delete a segment: by polling
+    /// (rarely needed: by the time a segment is full, the reader has long
+    /// deleted the one before).
+    pub(super) fn deletion_pacer(&self) -> Pacer {
+        Pacer::new(
+            PollMode::Forced(super::watch::POLL_MAX),
+            &self.watch,
+            format!("folder {}", self.dir.display()),
+        )
+    }
+
     /// An error that names the file and says what went wrong.
     pub(super) fn err(&self, what: &str, n: u64, e: io::Error) -> io::Error {
         io::Error::new(

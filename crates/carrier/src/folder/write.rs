@@ -17,7 +17,7 @@ use super::pipe::{
     create_segment, failure, fresh_len, lock, Failure, StreamFiles, OUTBOX, SEGMENT,
 };
 use super::record::{self, Kind, HEADER, MAX_PAYLOAD};
-use super::watch::{Pacer, PollMode, Wake, POLL_MAX};
+use super::watch::{Pacer, PollMode, Wake};
 
 #[derive(Default)]
 struct OutState {
@@ -114,13 +114,35 @@ pub fn start_writer(files: StreamFiles, first: File) -> io::Result<FolderWrite> 
             if let Some(w) = waker {
                 w.wake();
             }
-            drop(s2);
-            if !clean {
-                // Nobody will read what is left: take it off the disk.
-                remove_stream(&files);
+            if clean {
+                // The reader deletes the last segment once it has read the
+                // END; a reader that never comes (a dead or forged peer)
+                // must not leave it behind.
+                linger(&s2);
             }
+            drop(s2);
+            remove_stream(&files);
         })?;
     Ok(FolderWrite { sh })
+}
+
+/// How long a closed half waits for its reader to take the last segment
+/// before removing it itself.
+pub const END_GRACE: Duration = Duration::from_secs(5);
+
+/// Waits (at most [`END_GRACE`]) until the reader has deleted the last
+/// segment.
+fn linger(sh: &WriterShared) {
+    let path = sh.files.path(lock(&sh.file).seg);
+    let deadline = std::time::Instant::now() + END_GRACE;
+    let mut pacer = sh.files.deletion_pacer();
+    while std::time::Instant::now() < deadline {
+        let g = sh.wake.current();
+        if matches!(fresh_len(&path), Ok(None) | Err(_)) {
+            return;
+        }
+        pacer.wait(&sh.wake, g);
+    }
 }
 
 /// Removes whatever segments of a stream are left.
@@ -144,13 +166,7 @@ fn closed() -> io::Error {
 
 fn write_loop(sh: &WriterShared) -> io::Result<()> {
     let files = &sh.files;
-    // Deletions are polled for (rarely needed: by the time a segment is
-    // full, the reader has long deleted the one before).
-    let mut pacer = Pacer::new(
-        PollMode::Forced(POLL_MAX),
-        &files.watch,
-        format!("folder {}", files.dir.display()),
-    );
+    let mut pacer = files.deletion_pacer();
     loop {
         let g = sh.wake.current();
         // The file first, then the queue: bytes taken from the queue are

@@ -1,0 +1,101 @@
+//! Anyone who can write the folder can forge carriers. 300 forged carriers,
+//! each stalled in the middle of a TLS record, held by the server until its
+//! handshake timeout: the server's memory stays within a fixed allowance
+//! per carrier, every forged file is gone afterwards, and a real client is
+//! served meanwhile. In a binary of its own, so the RSS it checks is the
+//! server's alone.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use longhaul_carrier::folder::record::{self, Kind};
+use longhaul_carrier::Identity;
+use longhaul_forward::rules::Rules;
+use longhaul_forward::{Client, ClientConfig, Server, ServerConfig};
+use longhaul_session::SessionConfig;
+
+const FORGED: usize = 300;
+/// What one carrier in its handshake may hold: read-ahead, the record
+/// being read, TLS state, a thread's stack.
+const PER_CARRIER: u64 = 384 << 10;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_carriers_cost_a_bounded_allowance_and_leave_nothing() {
+    logs();
+    let _dump = DumpLogsOnPanic;
+    let shm = std::path::Path::new("/dev/shm");
+    let base_dir = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let dir = base_dir.join(format!("lh-memfolder-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("dir://{}", dir.display());
+    let id = Identity::generate().unwrap();
+    let session = SessionConfig {
+        handshake_timeout: Duration::from_secs(3),
+        ..SessionConfig::default()
+    };
+    let mut cfg = ServerConfig {
+        folders: vec![url.parse().unwrap()],
+        identity: Some(id.clone()),
+        rules: Rules::allow_all(),
+        session,
+        ..ServerConfig::default()
+    };
+    cfg.auth.token = Some("tok".into());
+    let server = Server::bind(cfg).await.unwrap();
+    tokio::spawn(server.run());
+    let echo = echo_server().await;
+    let base = status_bytes("VmRSS:");
+
+    // A TLS record header announcing 16 KiB, and a little less than that:
+    // the server's TLS waits for the rest until its handshake timeout.
+    let mut payload = vec![0x16, 0x03, 0x01, 0x40, 0x00];
+    payload.extend(random_bytes(16_000));
+    let forged = record::encode(Kind::Data, 0, &payload);
+    for i in 0..FORGED {
+        std::fs::write(dir.join(format!("lh-{:016x}.c.0", 0xf000 + i)), &forged).unwrap();
+    }
+    // A real client meanwhile.
+    let mut c = ClientConfig::new(url.parse().unwrap());
+    c.pin = Some(id.fingerprint);
+    c.token = Some("tok".into());
+    c.local = vec![fwd("127.0.0.1", echo.port())];
+    let client = within(30, Client::start(c)).await.unwrap();
+    echo_streams(client.local_addrs[0], vec![1, 100_000, 1 << 20]).await;
+    wait_log("handshake not finished within").await;
+    let peak = status_bytes("VmHWM:").saturating_sub(base);
+    eprintln!("{FORGED} forged carriers: peak RSS +{} KiB", peak >> 10);
+    assert!(
+        peak < FORGED as u64 * PER_CARRIER,
+        "peak RSS grew by {} MiB for {FORGED} forged carriers",
+        peak >> 20
+    );
+    // Their files go: the server removes what it read and, after a grace
+    // for a reader that never comes, what it wrote.
+    let forged_left = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with("lh-000000000000f"))
+            })
+            .count()
+    };
+    within(20, async {
+        while forged_left() > 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    // And the real session still works.
+    echo_streams(client.local_addrs[0], vec![1000]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
