@@ -25,9 +25,10 @@ pub struct Cli {
     /// Only warnings and errors.
     #[arg(short, long, global = true)]
     pub quiet: bool,
-    /// Worker threads: 1 runs everything on one thread (the client's
-    /// default: one session, no hand-offs between threads), 0 one per CPU
-    /// (the default of every other command).
+    /// Worker threads: 1 runs everything on one thread (the default of the
+    /// client and of a server that serves only folders: few sessions, no
+    /// hand-offs between threads), 0 one per CPU (the default of every
+    /// other command).
     #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
     pub threads: Option<u16>,
     #[command(subcommand)]
@@ -40,6 +41,13 @@ impl Cli {
         match (self.threads, &self.cmd) {
             (Some(n), _) => n as usize,
             (None, Cmd::Client(_)) => 1,
+            // A shared folder serves a few hosts: one thread answers
+            // sooner and carries more (docs/BENCHMARKS.md).
+            (None, Cmd::Server(s))
+                if !s.listen.is_empty() && s.listen.iter().all(|l| matches!(l, Listen::Dir(_))) =>
+            {
+                1
+            }
             (None, _) => 0,
         }
     }
