@@ -12,11 +12,14 @@
 //! * mode 2 (download, `-R`): the server sends for omit + duration and
 //!   closes; the client counts the same way;
 //! * mode 3 (request/response): repeated `size u32 | size bytes`, each
-//!   echoed back by the server.
+//!   echoed back by the server;
+//! * mode 4 (blocks, `bench goodput`): repeated `size u32 | size bytes`,
+//!   each answered by one byte once it is all there.
 #![forbid(unsafe_code)]
 
 pub mod carriers;
 pub mod demo;
+pub mod goodput;
 pub mod load;
 pub mod matrix;
 pub mod report;
@@ -30,6 +33,7 @@ pub const MAGIC: &[u8; 4] = b"LHB1";
 pub const MODE_UPLOAD: u8 = 1;
 pub const MODE_DOWNLOAD: u8 = 2;
 pub const MODE_RR: u8 = 3;
+pub const MODE_BLOCKS: u8 = 4;
 /// Largest request accepted in rr mode.
 pub const MAX_RR_SIZE: u32 = 16 * 1024 * 1024;
 /// Longest test a server agrees to run.

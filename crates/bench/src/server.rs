@@ -76,6 +76,7 @@ async fn serve(mut s: TcpStream) -> std::io::Result<()> {
                 s.write_all(&buf).await?;
             }
         }
+        MODE_BLOCKS => crate::goodput::serve_blocks(&mut s).await?,
         m => return Err(std::io::Error::other(format!("unknown bench mode {m}"))),
     }
     Ok(())

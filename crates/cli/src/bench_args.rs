@@ -20,6 +20,9 @@ pub enum BenchCmd {
     Tput(TputArgs),
     /// Request/response round trips per size (seed 000's method).
     Rr(RrArgs),
+    /// Goodput of a transfer in blocks, by block size, one block in flight
+    /// (a chatty protocol) or several (pipelined): seed 003's table.
+    Goodput(GoodputArgs),
     /// Seed 004's table: direct vs tunnel per (delay, connections) over the
     /// WAN emulator, written as report.md, report.json and chart.svg. Needs root.
     Matrix(MatrixArgs),
@@ -140,6 +143,13 @@ fn parse_omit(x: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("--omit '{x}': seconds from 0 to 600"))
 }
 
+fn parse_seconds(x: &str) -> Result<f64, String> {
+    x.parse::<f64>()
+        .ok()
+        .filter(|t| (0.05..=3600.0).contains(t))
+        .ok_or_else(|| format!("-t '{x}': seconds from 0.05 to 3600"))
+}
+
 fn parse_rr_size(x: &str) -> Result<u32, String> {
     let v = parse_size(x)?;
     u32::try_from(v)
@@ -157,6 +167,26 @@ pub struct RrArgs {
     /// Round trips per size.
     #[arg(short = 'n', long = "count", default_value_t = 1000)]
     pub count: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct GoodputArgs {
+    pub addr: String,
+    /// Block sizes, comma-separated (up to 16m).
+    #[arg(long, value_delimiter = ',', default_value = "4k,16k,64k,256k,1m,4m,16m", value_parser = parse_rr_size)]
+    pub sizes: Vec<u32>,
+    /// Blocks in flight at once, comma-separated: 1 waits for each
+    /// block's answer before the next.
+    #[arg(long, value_delimiter = ',', default_value = "1,8", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub depth: Vec<u16>,
+    /// Per run, stop after this many bytes…
+    #[arg(long, default_value = "256m", value_parser = parse_size)]
+    pub total: u64,
+    /// …or after this many seconds.
+    #[arg(short = 't', long, default_value_t = 5.0, value_parser = parse_seconds)]
+    pub time: f64,
     #[arg(long)]
     pub json: bool,
 }

@@ -140,6 +140,23 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 Ok(())
             }
             BenchCmd::Matrix(m) => longhaul_bench::matrix::run(m.into()).await,
+            BenchCmd::Goodput(o) => {
+                let r = longhaul_bench::goodput::run(longhaul_bench::goodput::GoodputOptions {
+                    addr: o.addr.clone(),
+                    sizes: o.sizes.clone(),
+                    depths: o.depth.clone(),
+                    total: o.total,
+                    duration: std::time::Duration::from_secs_f64(o.time),
+                })
+                .await
+                .map_err(|e| anyhow::anyhow!("bench goodput against {}: {e}", o.addr))?;
+                if o.json {
+                    println!("{}", serde_json::to_string_pretty(&r)?);
+                } else {
+                    print!("{}", r.human());
+                }
+                Ok(())
+            }
             BenchCmd::Rr(o) => {
                 let r = rr::run(rr::RrOptions {
                     addr: o.addr.clone(),

@@ -281,6 +281,37 @@ fn bench_commands_measure_and_report_json() {
     let (code, err) = run_err(&["bench", "rr", &addr, "--sizes", "1,99999999"]);
     assert_eq!(code, 2);
     assert!(err.contains("16 MiB limit"), "{err}");
+
+    // Seed 003's table: every block acknowledged, whatever the depth.
+    let out = Command::new(BIN)
+        .args([
+            "bench", "goodput", &addr, "--sizes", "4k,1m", "--depth", "1,4", "--total", "8m", "-t",
+            "0.3", "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        let size = r["size"].as_u64().unwrap();
+        let cells = r["cells"].as_array().unwrap();
+        let depths: Vec<u64> = cells.iter().map(|c| c["depth"].as_u64().unwrap()).collect();
+        assert_eq!(depths, vec![1, 4]);
+        for c in cells {
+            let (blocks, bytes) = (c["blocks"].as_u64().unwrap(), c["bytes"].as_u64().unwrap());
+            assert!(
+                blocks > 0 && bytes == blocks * size && bytes <= 8 << 20,
+                "{c}"
+            );
+            assert!(c["goodput_bps"].as_f64().unwrap() > 0.0);
+        }
+    }
 }
 
 #[test]
