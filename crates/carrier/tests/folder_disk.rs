@@ -1,11 +1,14 @@
-//! The folder carrier's disk bound under load: 1 GiB through one carrier
-//! never has more than two segments of a direction on disk.
+//! The folder carrier under load and at the disk's limits: 1 GiB through
+//! one carrier never has more than two segments of a direction on disk; a
+//! full disk is an error, not a hang; a half dropped without shutdown still
+//! delivers. (Apart from `folder.rs`, whose checks that waiting costs no
+//! CPU this load would blur.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use longhaul_carrier::folder::{dial, FolderListener, SEGMENT};
+use longhaul_carrier::folder::{dial, FolderListener, FolderUrl, SEGMENT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod common;
@@ -69,4 +72,74 @@ async fn disk_use_stays_within_two_segments_per_direction() {
     drop(server);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(dir.bytes(), 0, "files left behind");
+}
+
+/// A tmpfs of `size` mounted at a fresh directory (root only), unmounted
+/// on drop.
+struct SmallTmpfs(std::path::PathBuf);
+
+impl SmallTmpfs {
+    fn mount(name: &str, size: &str) -> Option<SmallTmpfs> {
+        let d = std::env::temp_dir().join(format!("lh-folder-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).ok()?;
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&d)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| SmallTmpfs(d))
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn a_full_disk_is_a_clear_error_not_a_hang() {
+    let Some(fs) = SmallTmpfs::mount("full", "2m") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root: mount must work"
+        );
+        return eprintln!("skipping: cannot mount a tmpfs (not root?)");
+    };
+    let url: FolderUrl = format!("dir://{}", fs.0.display()).parse().unwrap();
+    let mut listener = FolderListener::bind(&url).unwrap();
+    let mut client = dial(&url).unwrap();
+    let _server = within(5, listener.accept()).await.unwrap();
+    // Nobody reads: the first segment grows until the disk is full.
+    let block = vec![7u8; 64 * 1024];
+    let e = within(10, async {
+        loop {
+            if let Err(e) = client.write_all(&block).await {
+                return e;
+            }
+        }
+    })
+    .await;
+    assert!(e.to_string().contains("No space left"), "{e}");
+    assert!(e.to_string().contains("folder carrier"), "{e}");
+}
+
+#[tokio::test]
+async fn a_half_dropped_without_shutdown_still_delivers_then_ends() {
+    let dir = TempDir::new("drop");
+    let mut listener = FolderListener::bind(&dir.url()).unwrap();
+    let mut client = dial(&dir.url()).unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let mut server = within(5, listener.accept()).await.unwrap();
+    let d2 = data.clone();
+    let sent = tokio::spawn(async move {
+        client.write_all(&d2).await.unwrap();
+        // As a socket's close: no shutdown, just gone.
+        drop(client);
+    });
+    let mut got = Vec::new();
+    within(10, server.read_to_end(&mut got)).await.unwrap();
+    sent.await.unwrap();
+    assert_eq!(got, data);
 }

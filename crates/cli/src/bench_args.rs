@@ -14,7 +14,7 @@ pub struct BenchArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
-    /// Answer tput and rr clients.
+    /// Answer tput, rr and goodput clients.
     Server(BenchServerArgs),
     /// Throughput over N parallel connections (iperf-like).
     Tput(TputArgs),
