@@ -114,10 +114,12 @@ pub fn start_writer(files: StreamFiles, first: File) -> io::Result<FolderWrite> 
             if let Some(w) = waker {
                 w.wake();
             }
-            if clean {
-                // The reader deletes the last segment once it has read the
-                // END; a reader that never comes (a dead or forged peer)
-                // must not leave it behind.
+            // The reader deletes the last segment once it has read the END;
+            // a reader that never comes (a dead or forged peer) must not
+            // leave it behind. A stream that carried nothing but its END (a
+            // carrier refused at once) has nothing to wait for.
+            let carried = lock(&s2.file).seq > 1;
+            if clean && carried {
                 linger(&s2);
             }
             drop(s2);
