@@ -297,38 +297,25 @@ impl Server {
     /// ends each carrier once that is written, all within
     /// [`SHUTDOWN_GRACE`], whatever the peers do.
     pub async fn run_until(self, stop: impl std::future::Future<Output = ()>) {
-        let slots = Arc::new(Semaphore::new(self.config.max_sessions));
-        let config = Arc::new(self.config);
         let live = Live::default();
-        let resumables = Resumables::new();
+        let serving = Serving {
+            slots: Arc::new(Semaphore::new(self.config.max_sessions)),
+            config: Arc::new(self.config),
+            live: live.clone(),
+            resumables: Resumables::new(),
+        };
         let mut tasks = tokio::task::JoinSet::new();
         for folder in self.folders {
-            let tls = if config.auth.insecure {
-                None
-            } else {
-                self.tls.clone()
+            let tls = match serving.config.auth.insecure {
+                true => None,
+                false => self.tls.clone(),
             };
-            tasks.spawn(folder_accept_loop(
-                folder,
-                tls,
-                config.clone(),
-                slots.clone(),
-                live.clone(),
-                resumables.clone(),
-            ));
+            tasks.spawn(folder_accept_loop(folder, tls, serving.clone()));
         }
         for (listener, url) in self.listeners {
-            let use_tls = config.uses_tls(&url.transport);
+            let use_tls = serving.config.uses_tls(&url.transport);
             let tls = if use_tls { self.tls.clone() } else { None };
-            tasks.spawn(accept_loop(
-                listener,
-                url,
-                tls,
-                config.clone(),
-                slots.clone(),
-                live.clone(),
-                resumables.clone(),
-            ));
+            tasks.spawn(accept_loop(listener, url, tls, serving.clone()));
         }
         tokio::select! {
             _ = async { while tasks.join_next().await.is_some() {} } => return,
@@ -397,35 +384,80 @@ impl Live {
     }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    url: ListenUrl,
-    tls: Option<Arc<rustls::ServerConfig>>,
+/// What every accept loop shares: the configuration, the session slots,
+/// the live sessions and the resumable ones.
+#[derive(Clone)]
+struct Serving {
     config: Arc<ServerConfig>,
     slots: Arc<Semaphore>,
     live: Live,
     resumables: Arc<Resumables>,
+}
+
+impl Serving {
+    /// A slot under `--max-sessions` for a new carrier, or a log line.
+    fn slot(&self, from: &dyn std::fmt::Display) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let permit = self.slots.clone().try_acquire_owned().ok();
+        if permit.is_none() {
+            tracing::warn!(%from, limit = self.config.max_sessions, "refusing carrier: session limit reached (--max-sessions)");
+        }
+        permit
+    }
+
+    /// Runs a carrier's own handshake (TLS, WebSocket upgrade) and then
+    /// its session; the handshake and the preamble share one deadline.
+    async fn handshake_and_serve(
+        self,
+        from: String,
+        setup: impl std::future::Future<
+            Output = std::io::Result<(Carrier, Option<longhaul_carrier::Fingerprint>)>,
+        >,
+    ) {
+        let limit = self.config.session.handshake_timeout;
+        let (carrier, key) = match tokio::time::timeout(limit, setup).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return tracing::warn!(%from, "refused carrier: handshake failed: {e}"),
+            Err(_) => {
+                return tracing::warn!(%from, "refused carrier: handshake not finished within {limit:?}")
+            }
+        };
+        let served = serve_carrier(
+            carrier,
+            key,
+            from.clone(),
+            self.config,
+            false,
+            Some(&self.live),
+            &self.resumables,
+        );
+        match served.await {
+            Ok(what) => tracing::info!(%from, "{what}"),
+            Err(e) => tracing::warn!(%from, "{e}"),
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    url: ListenUrl,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    serving: Serving,
 ) {
     loop {
         let (sock, from) = accept_with_backoff(&listener, &url.to_string()).await;
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(%from, limit = config.max_sessions, "refusing carrier: session limit reached (--max-sessions)");
+        let Some(permit) = serving.slot(&from) else {
             continue;
         };
-        let config = config.clone();
-        let tls = tls.clone();
-        let transport = url.transport.clone();
-        let live = live.clone();
-        let resumables = resumables.clone();
+        let (serving, tls, transport) = (serving.clone(), tls.clone(), url.transport.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            if let Some(cc) = &config.congestion {
+            if let Some(cc) = &serving.config.congestion {
                 if let Err(e) = longhaul_carrier::set_congestion(&sock, cc) {
                     return tracing::warn!(%from, "{e}");
                 }
             }
             let setup = longhaul_carrier::accept(sock, &transport, tls);
-            handshake_and_serve(from.to_string(), setup, config, live, resumables).await;
+            serving.handshake_and_serve(from.to_string(), setup).await;
         });
     }
 }
@@ -434,10 +466,7 @@ async fn accept_loop(
 async fn folder_accept_loop(
     mut folder: FolderListener,
     tls: Option<Arc<rustls::ServerConfig>>,
-    config: Arc<ServerConfig>,
-    slots: Arc<Semaphore>,
-    live: Live,
-    resumables: Arc<Resumables>,
+    serving: Serving,
 ) {
     loop {
         let stream = match folder.accept().await {
@@ -446,55 +475,15 @@ async fn folder_accept_loop(
         };
         let from = stream.peer.clone();
         // Dropping the stream removes its files.
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(%from, limit = config.max_sessions, "refusing carrier: session limit reached (--max-sessions)");
+        let Some(permit) = serving.slot(&from) else {
             continue;
         };
-        let (config, tls, live, resumables) = (
-            config.clone(),
-            tls.clone(),
-            live.clone(),
-            resumables.clone(),
-        );
+        let (serving, tls) = (serving.clone(), tls.clone());
         tokio::spawn(async move {
             let _permit = permit;
             let setup = longhaul_carrier::accept_folder(stream, tls);
-            handshake_and_serve(from, setup, config, live, resumables).await;
+            serving.handshake_and_serve(from, setup).await;
         });
-    }
-}
-
-/// Runs a carrier's own handshake (TLS, WebSocket upgrade) and then its
-/// session; the handshake and the preamble share one deadline.
-async fn handshake_and_serve(
-    from: String,
-    setup: impl std::future::Future<
-        Output = std::io::Result<(Carrier, Option<longhaul_carrier::Fingerprint>)>,
-    >,
-    config: Arc<ServerConfig>,
-    live: Live,
-    resumables: Arc<Resumables>,
-) {
-    let limit = config.session.handshake_timeout;
-    let (carrier, key) = match tokio::time::timeout(limit, setup).await {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => return tracing::warn!(%from, "refused carrier: handshake failed: {e}"),
-        Err(_) => {
-            return tracing::warn!(%from, "refused carrier: handshake not finished within {limit:?}")
-        }
-    };
-    let served = serve_carrier(
-        carrier,
-        key,
-        from.clone(),
-        config,
-        false,
-        Some(&live),
-        &resumables,
-    );
-    match served.await {
-        Ok(what) => tracing::info!(%from, "{what}"),
-        Err(e) => tracing::warn!(%from, "{e}"),
     }
 }
 

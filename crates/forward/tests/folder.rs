@@ -5,6 +5,8 @@
 //! carrier's files are removed under it. Every stream hashed end to end.
 
 mod common;
+#[path = "common/folder.rs"]
+mod folder;
 #[path = "common/transfer.rs"]
 mod transfer;
 
@@ -14,11 +16,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use folder::folder_server;
 use longhaul_carrier::folder::SEGMENT;
-use longhaul_carrier::{Fingerprint, Identity};
-use longhaul_forward::rules::Rules;
-use longhaul_forward::{Client, ClientConfig, Server, ServerConfig};
-use longhaul_session::SessionConfig;
+use longhaul_carrier::Fingerprint;
+use longhaul_forward::{Client, ClientConfig};
 use transfer::*;
 
 /// A fresh directory (on tmpfs when there is one), removed on drop.
@@ -61,22 +62,6 @@ impl Drop for Folder {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// A server on the folder `url` with a fresh key, letting token "tok" in.
-async fn folder_server(url: &str, session: SessionConfig) -> Fingerprint {
-    let id = Identity::generate().unwrap();
-    let mut cfg = ServerConfig {
-        folders: vec![url.parse().unwrap()],
-        identity: Some(id.clone()),
-        rules: Rules::allow_all(),
-        session,
-        ..ServerConfig::default()
-    };
-    cfg.auth.token = Some("tok".into());
-    let s = Server::bind(cfg).await.unwrap();
-    tokio::spawn(s.run());
-    id.fingerprint
 }
 
 fn folder_client(url: &str, pin: Fingerprint, target: std::net::SocketAddr) -> ClientConfig {

@@ -6,14 +6,15 @@
 //! server's alone.
 
 mod common;
+#[path = "common/folder.rs"]
+mod folder;
 
 use std::time::Duration;
 
 use common::*;
+use folder::folder_server;
 use longhaul_carrier::folder::record::{self, Kind};
-use longhaul_carrier::Identity;
-use longhaul_forward::rules::Rules;
-use longhaul_forward::{Client, ClientConfig, Server, ServerConfig};
+use longhaul_forward::{Client, ClientConfig};
 use longhaul_session::SessionConfig;
 
 const FORGED: usize = 300;
@@ -35,21 +36,11 @@ async fn forged_carriers_cost_a_bounded_allowance_and_leave_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("dir://{}", dir.display());
-    let id = Identity::generate().unwrap();
     let session = SessionConfig {
         handshake_timeout: Duration::from_secs(3),
         ..SessionConfig::default()
     };
-    let mut cfg = ServerConfig {
-        folders: vec![url.parse().unwrap()],
-        identity: Some(id.clone()),
-        rules: Rules::allow_all(),
-        session,
-        ..ServerConfig::default()
-    };
-    cfg.auth.token = Some("tok".into());
-    let server = Server::bind(cfg).await.unwrap();
-    tokio::spawn(server.run());
+    let key = folder_server(&url, session).await;
     let echo = echo_server().await;
     let base = status_bytes("VmRSS:");
 
@@ -63,7 +54,7 @@ async fn forged_carriers_cost_a_bounded_allowance_and_leave_nothing() {
     }
     // A real client meanwhile.
     let mut c = ClientConfig::new(url.parse().unwrap());
-    c.pin = Some(id.fingerprint);
+    c.pin = Some(key);
     c.token = Some("tok".into());
     c.local = vec![fwd("127.0.0.1", echo.port())];
     let client = within(30, Client::start(c)).await.unwrap();
