@@ -238,13 +238,22 @@ fn thirty_two_mib_through(name: &'static str, loss: &[&str], url: &str, lanes: u
         digest
     });
     let digest = sender.join().unwrap();
-    // The carriers the client had open.
-    let ss = Command::new("ip")
-        .args(["netns", "exec", &format!("longhaul-{name}-a"), "ss", "-Htn"])
-        .args(["state", "established", "( dport = :7000 )"])
-        .output()
-        .unwrap();
-    let ss = String::from_utf8_lossy(&ss.stdout).into_owned();
+    // The carriers the client has open. A lane that a lossy link made
+    // fail is dialled again while the others carry on: give it a moment.
+    let carriers = || {
+        let ss = Command::new("ip")
+            .args(["netns", "exec", &format!("longhaul-{name}-a"), "ss", "-Htn"])
+            .args(["state", "established", "( dport = :7000 )"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&ss.stdout).into_owned()
+    };
+    let t0 = Instant::now();
+    let mut ss = carriers();
+    while ss.lines().count() != lanes && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(200));
+        ss = carriers();
+    }
     assert_eq!(ss.lines().count(), lanes, "carriers to the server: {ss}");
     if url.contains("via=") {
         // Lanes left from both local addresses: over both links.
