@@ -16,61 +16,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use folder::folder_server;
+use folder::{folder_client, folder_server, Folder};
 use longhaul_carrier::folder::SEGMENT;
 use longhaul_carrier::Fingerprint;
-use longhaul_forward::{Client, ClientConfig};
+use longhaul_forward::Client;
 use transfer::*;
 
-/// A fresh directory (on tmpfs when there is one), removed on drop.
-struct Folder(PathBuf);
-
-impl Folder {
-    fn new(name: &str) -> Folder {
-        let shm = Path::new("/dev/shm");
-        let base = if shm.is_dir() {
-            shm.to_path_buf()
-        } else {
-            std::env::temp_dir()
-        };
-        let d = base.join(format!("lh-fwd-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Folder(d)
-    }
-    fn url(&self) -> String {
-        format!("dir://{}", self.0.display())
-    }
-    fn bytes(&self) -> u64 {
-        std::fs::read_dir(&self.0)
-            .map(|rd| {
-                rd.flatten()
-                    .filter_map(|e| e.metadata().ok())
-                    .map(|m| m.len())
-                    .sum()
-            })
-            .unwrap_or(0)
-    }
-    fn remove_carrier_files(&self) {
-        for e in std::fs::read_dir(&self.0).unwrap().flatten() {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
-}
-
-impl Drop for Folder {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn folder_client(url: &str, pin: Fingerprint, target: std::net::SocketAddr) -> ClientConfig {
-    let mut cfg = ClientConfig::new(url.parse().unwrap());
-    cfg.pin = Some(pin);
-    cfg.token = Some("tok".into());
-    cfg.local = vec![fwd("127.0.0.1", target.port())];
-    cfg.session = quick_session();
-    cfg
+/// A folder server, a hashing target, and a client reaching it through
+/// the folder at `client_url` (the server's own, or a mount of it).
+/// Also the server's key, for more clients.
+async fn folder_transfer(
+    dir: &Folder,
+    client_url: &str,
+) -> (Client, Target, Arc<AtomicU64>, Fingerprint) {
+    let key = folder_server(&dir.url(), quick_session()).await;
+    let progress = Arc::new(AtomicU64::new(0));
+    let target = hashing_target(progress.clone()).await;
+    let client = Client::start(folder_client(client_url, key, target.0))
+        .await
+        .unwrap();
+    (client, target, progress, key)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,12 +43,7 @@ async fn tmpfs_streams_both_ways_within_the_disk_bound() {
     let _dump = DumpLogsOnPanic;
     logs();
     let dir = Folder::new("bulk");
-    let key = folder_server(&dir.url(), quick_session()).await;
-    let progress = Arc::new(AtomicU64::new(0));
-    let target = hashing_target(progress.clone()).await;
-    let client = Client::start(folder_client(&dir.url(), key, target.0))
-        .await
-        .unwrap();
+    let (client, target, progress, key) = folder_transfer(&dir, &dir.url()).await;
     let peak = Arc::new(AtomicU64::new(0));
     let (peak2, dir2) = (peak.clone(), &dir);
     transfer_while(&client, target, progress, |p| async move {
@@ -100,11 +60,11 @@ async fn tmpfs_streams_both_ways_within_the_disk_bound() {
     let peak = peak.load(Ordering::SeqCst);
     // Two segments per direction at most.
     assert!(peak <= 4 * SEGMENT, "peak disk use {peak}");
-    // Request/response on the same session, small and large.
+    // Request/response through the same folder, small and large.
     let echo = echo_server().await;
-    let mut cfg = folder_client(&dir.url(), key, echo);
-    cfg.local = vec![fwd("127.0.0.1", echo.port())];
-    let c2 = Client::start(cfg).await.unwrap();
+    let c2 = Client::start(folder_client(&dir.url(), key, echo))
+        .await
+        .unwrap();
     echo_streams(c2.local_addrs[0], vec![1, 1000, 100_000, 1 << 20]).await;
 }
 
@@ -113,12 +73,7 @@ async fn a_session_resumes_when_its_files_are_removed() {
     let _dump = DumpLogsOnPanic;
     logs();
     let dir = Folder::new("resume");
-    let key = folder_server(&dir.url(), quick_session()).await;
-    let progress = Arc::new(AtomicU64::new(0));
-    let target = hashing_target(progress.clone()).await;
-    let client = Client::start(folder_client(&dir.url(), key, target.0))
-        .await
-        .unwrap();
+    let (client, target, progress, _) = folder_transfer(&dir, &dir.url()).await;
     let before = client.session().resume_id();
     let dir2 = &dir;
     transfer_while(&client, target, progress, |p| async move {
@@ -180,13 +135,8 @@ async fn a_fuse_share_without_notifications_is_polled() {
     };
     // The server writes the backing directory; the client works through
     // the mount, where the server's writes raise no event.
-    let key = folder_server(&dir.url(), quick_session()).await;
-    let progress = Arc::new(AtomicU64::new(0));
-    let target = hashing_target(progress.clone()).await;
     let url = format!("dir://{}", mount_at.display());
-    let client = Client::start(folder_client(&url, key, target.0))
-        .await
-        .unwrap();
+    let (client, target, progress, _) = folder_transfer(&dir, &url).await;
     transfer_while(&client, target, progress, |_| async {}).await;
     assert!(
         log_contains("polling instead"),

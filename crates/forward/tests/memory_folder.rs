@@ -8,11 +8,13 @@
 mod common;
 #[path = "common/folder.rs"]
 mod folder;
+#[path = "common/transfer.rs"]
+mod transfer;
 
 use std::time::Duration;
 
 use common::*;
-use folder::folder_server;
+use folder::{folder_server, Folder};
 use longhaul_carrier::folder::record::{self, Kind};
 use longhaul_forward::{Client, ClientConfig};
 use longhaul_session::SessionConfig;
@@ -26,16 +28,8 @@ const PER_CARRIER: u64 = 384 << 10;
 async fn forged_carriers_cost_a_bounded_allowance_and_leave_nothing() {
     logs();
     let _dump = DumpLogsOnPanic;
-    let shm = std::path::Path::new("/dev/shm");
-    let base_dir = if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
-    let dir = base_dir.join(format!("lh-memfolder-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let url = format!("dir://{}", dir.display());
+    let folder = Folder::new("memory");
+    let (dir, url) = (&folder.0, folder.url());
     let session = SessionConfig {
         handshake_timeout: Duration::from_secs(3),
         ..SessionConfig::default()
@@ -70,7 +64,7 @@ async fn forged_carriers_cost_a_bounded_allowance_and_leave_nothing() {
     // Their files go: the server removes what it read and, after a grace
     // for a reader that never comes, what it wrote.
     let forged_left = || {
-        std::fs::read_dir(&dir)
+        std::fs::read_dir(dir)
             .unwrap()
             .flatten()
             .filter(|e| {
@@ -88,5 +82,4 @@ async fn forged_carriers_cost_a_bounded_allowance_and_leave_nothing() {
     .await;
     // And the real session still works.
     echo_streams(client.local_addrs[0], vec![1000]).await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
