@@ -360,7 +360,13 @@ http {{
         .spawn()
         .expect("cannot start nginx");
     let t = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+    // A connection to itself (nothing listening yet, and the ephemeral
+    // port chosen is `port`) does not count.
+    let listening = || {
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
+    };
+    while !listening() {
         assert!(t.elapsed() < Duration::from_secs(10), "nginx did not start");
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -32,9 +32,16 @@ pub fn free_port() -> u16 {
 }
 
 /// Waits until something listens on `port` (connects once to find out).
+/// A connection to itself does not count: while nothing listens, a
+/// connect from an ephemeral port that happens to be `port` succeeds on
+/// its own (TCP simultaneous open).
 pub fn wait_port(port: u16) {
     let t = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+    let listening = || {
+        TcpStream::connect(("127.0.0.1", port))
+            .is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
+    };
+    while !listening() {
         assert!(
             t.elapsed() < Duration::from_secs(10),
             "port {port} never opened"
