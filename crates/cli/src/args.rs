@@ -40,7 +40,7 @@ impl Cli {
     pub fn threads(&self) -> usize {
         match (self.threads, &self.cmd) {
             (Some(n), _) => n as usize,
-            (None, Cmd::Client(_)) => 1,
+            (None, Cmd::Client(_) | Cmd::Cp(_)) => 1,
             // A shared folder serves a few hosts: one thread answers
             // sooner and carries more (docs/BENCHMARKS.md).
             (None, Cmd::Server(s))
@@ -59,6 +59,8 @@ pub enum Cmd {
     Server(ServerArgs),
     /// Connect to a server and forward ports through it, ssh-style.
     Client(ClientArgs),
+    /// Copy files to or from a server's --files folder, scp-style: verified, resumable.
+    Cp(CpArgs),
     /// Measuring kit: bench server, tput, rr.
     Bench(BenchArgs),
     /// Start a bench server, a longhaul server and client on loopback and
@@ -393,6 +395,12 @@ pub struct ServerArgs {
     /// Carriers served at once; a session waiting for its client to resume counts.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_sessions: usize,
+    /// Offer this folder to 'longhaul cp' (per key: files=ro|rw in --authorized-keys; nothing by default).
+    #[arg(long, value_name = "DIR")]
+    pub files: Option<std::path::PathBuf>,
+    /// What clients authenticated by --token (or anyone, with --insecure) may do in --files: ro or rw (default: nothing).
+    #[arg(long, value_name = "ro|rw", requires = "files")]
+    pub files_for_token: Option<longhaul_files::Access>,
     /// Most lanes one striped session may have (clients asking more get this many).
     #[arg(long, value_name = "K", default_value = "8", value_parser = parse_stripes)]
     pub max_stripes: u8,
@@ -415,24 +423,8 @@ pub struct ClientArgs {
     /// Append ?stripes=K to stripe the session over K connections (or use --stripes).
     #[arg(value_parser = parse_server_url)]
     pub server: ServerUrl,
-    /// Stripe the session over K parallel connections to the server (1–16): faster than one on long, lossy or buffer-capped paths.
-    #[arg(long, value_name = "K", value_parser = parse_stripes)]
-    pub stripes: Option<u8>,
-    /// Our key (default: ~/.config/longhaul/key if it exists).
-    #[arg(long, value_name = "FILE")]
-    pub key: Option<std::path::PathBuf>,
-    /// The server's key fingerprint (SHA256:…); without it, trust on first use via --known-hosts.
-    #[arg(long, value_name = "FINGERPRINT", value_parser = parse_fingerprint)]
-    pub pin: Option<Fingerprint>,
-    /// Remembered server keys (default: ~/.config/longhaul/known_hosts).
-    #[arg(long, value_name = "FILE")]
-    pub known_hosts: Option<std::path::PathBuf>,
-    /// Shared secret, if the server takes one instead of a key.
-    #[arg(long, env = "LONGHAUL_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// Allow an unencrypted carrier (tcp://, plain ws://).
-    #[arg(long)]
-    pub insecure: bool,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
     /// Local forward [BIND:]PORT:HOST:HOSTPORT (ssh -L). Repeatable.
     #[arg(short = 'L', value_name = "SPEC", value_parser = parse_l)]
     pub local: Vec<ForwardSpec>,
@@ -451,6 +443,50 @@ pub struct ClientArgs {
     /// Do not dial again when the carrier drops (the client exits instead; the default resumes the session, or starts a new one if the server lost it).
     #[arg(long)]
     pub no_reconnect: bool,
+    #[command(flatten)]
+    pub session: SessionArgs,
+}
+
+/// How to reach and trust a server (`client` and `cp`).
+#[derive(Args, Debug)]
+pub struct ConnectArgs {
+    /// Stripe the session over K parallel connections to the server (1–16): faster than one on long, lossy or buffer-capped paths.
+    #[arg(long, value_name = "K", value_parser = parse_stripes)]
+    pub stripes: Option<u8>,
+    /// Our key (default: ~/.config/longhaul/key if it exists).
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<std::path::PathBuf>,
+    /// The server's key fingerprint (SHA256:…); without it, trust on first use via --known-hosts.
+    #[arg(long, value_name = "FINGERPRINT", value_parser = parse_fingerprint)]
+    pub pin: Option<Fingerprint>,
+    /// Remembered server keys (default: ~/.config/longhaul/known_hosts).
+    #[arg(long, value_name = "FILE")]
+    pub known_hosts: Option<std::path::PathBuf>,
+    /// Shared secret, if the server takes one instead of a key.
+    #[arg(long, env = "LONGHAUL_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Allow an unencrypted carrier (tcp://, plain ws://).
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CpArgs {
+    /// Sources, then the destination: FILE… SERVER:/DIR/ uploads, SERVER:/PATH… DEST downloads.
+    /// SERVER as for 'client' (e.g. tls://host:4433, host:4433?stripes=4, dir:///mnt/share); /PATH is inside the server's --files folder.
+    #[arg(required = true, num_args = 2.., value_name = "SOURCE… DEST")]
+    pub paths: Vec<String>,
+    /// Copy folders and what they hold.
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
+    /// Files copied at once, each on its own stream.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=32))]
+    pub jobs: u8,
+    /// Print the outcome as JSON on stdout (no progress bar).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
     #[command(flatten)]
     pub session: SessionArgs,
 }

@@ -3,6 +3,8 @@
 
 mod args;
 mod bench_args;
+mod connect;
+mod cp;
 
 use std::process::ExitCode;
 
@@ -16,9 +18,8 @@ use clap::Parser;
 
 use args::{BenchCmd, Cli, Cmd, NetemArgs, NetemCmd};
 use longhaul_bench::{rr, server as bench_server, tput};
-use longhaul_carrier::CarrierUrl;
 use longhaul_forward::auth::AuthorizedKeys;
-use longhaul_forward::{Client, ClientConfig, Server, ServerConfig};
+use longhaul_forward::{Client, Server, ServerConfig};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -88,6 +89,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Server(a) => server(a).await,
         Cmd::Client(a) => client(a).await,
+        Cmd::Cp(a) => cp::run(a).await,
         Cmd::Keygen(k) => {
             let path = k
                 .out
@@ -203,7 +205,14 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     cfg.max_sessions = a.max_sessions;
     cfg.session.max_stripes = a.max_stripes;
     cfg.congestion = a.session.congestion.clone();
-    if cfg.rules.is_empty() {
+    if let Some(dir) = &a.files {
+        let files = longhaul_files::serve::FileServer::open(dir)
+            .map_err(|e| anyhow::anyhow!("--files {}: {e}", dir.display()))?;
+        tracing::info!("offering {} to 'longhaul cp'", dir.display());
+        cfg.files = Some(files);
+        cfg.files_without_key = a.files_for_token;
+    }
+    if cfg.rules.is_empty() && cfg.files.is_none() {
         tracing::warn!("no --allow rule given: every stream will be refused (add --allow HOST:PORT, or --allow-all)");
     }
     if a.stdio {
@@ -279,48 +288,16 @@ async fn stop_signal() {
 }
 
 async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
-    let stripes = match (a.stripes, a.server.stripes) {
-        (Some(x), Some(y)) if x != y => {
-            anyhow::bail!("--stripes {x} and ?stripes={y} disagree: give the number of lanes once")
-        }
-        (x, y) => x.or(y).unwrap_or(1),
-    };
-    if stripes > 1
-        && (a.jmux || matches!(a.server.url, CarrierUrl::Cmd { .. } | CarrierUrl::Dir(_)))
-    {
-        anyhow::bail!("striping needs a network carrier (tls://, tcp://, ws://, wss://) in native mode: drop --stripes or ?stripes");
-    }
-    let mut cfg = ClientConfig::new(a.server.url.clone());
+    let mut cfg = connect::client_config(&a.server, &a.conn, &a.session, a.jmux)?;
     cfg.local = a.local.clone();
     cfg.remote = a.remote.clone();
     cfg.socks = a.socks.clone();
     cfg.http = a.http_proxy.clone();
-    cfg.session = a.session.config(a.jmux, std::time::Duration::ZERO);
-    cfg.congestion = a.session.congestion.clone();
     cfg.reconnect = !a.no_reconnect;
-    cfg.session.stripes = stripes;
-    cfg.via = a.server.via.clone();
     if cfg.local.is_empty() && cfg.remote.is_empty() && cfg.socks.is_empty() && cfg.http.is_empty()
     {
         anyhow::bail!("nothing to forward: give at least one of -L, -R, -D or --http-proxy");
     }
-    let key = match &a.key {
-        Some(k) => Some(k.clone()),
-        None => args::config_path("key").filter(|p| p.exists()),
-    };
-    if let Some(k) = key {
-        let id = longhaul_carrier::Identity::load(&k)?;
-        tracing::debug!("our key {} ({})", id.fingerprint, k.display());
-        cfg.identity = Some(id);
-    }
-    cfg.pin = a.pin;
-    cfg.known_hosts = a
-        .known_hosts
-        .clone()
-        .or_else(|| args::config_path("known_hosts"))
-        .map(longhaul_forward::known_hosts::KnownHosts::new);
-    cfg.token = a.token.clone().filter(|t| !t.is_empty());
-    cfg.insecure = a.insecure;
     let client = Client::start(cfg).await?;
     for (spec, addr) in a.local.iter().zip(&client.local_addrs) {
         tracing::info!("forwarding {addr} -> {}:{}", spec.host, spec.host_port);

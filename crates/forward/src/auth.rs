@@ -12,6 +12,7 @@ use std::path::Path;
 
 use longhaul_carrier::keys::secrets_equal;
 use longhaul_carrier::Fingerprint;
+use longhaul_files::Access;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::rules::{BindRule, BindRules, Rule, Rules};
@@ -29,6 +30,9 @@ pub struct KeyPolicy {
     pub allow: Option<Rules>,
     /// `bind=`: reverse binds this key may make (None: the global rules alone).
     pub bind: Option<BindRules>,
+    /// `files=ro|rw`: what this key may do in the server's `--files`
+    /// folder (None: nothing).
+    pub files: Option<Access>,
     /// The comment after `#`, for logs.
     pub comment: String,
 }
@@ -39,7 +43,7 @@ pub struct AuthorizedKeys {
 }
 
 impl AuthorizedKeys {
-    /// Parses lines of `SHA256:… [allow=RULE,RULE] [bind=RULE,RULE] [# comment]`.
+    /// Parses lines of `SHA256:… [allow=RULE,RULE] [bind=RULE,RULE] [files=ro|rw] [# comment]`.
     /// Blank lines and lines starting with `#` are skipped. `origin` names
     /// the file in errors.
     pub fn parse(text: &str, origin: &str) -> Result<AuthorizedKeys, String> {
@@ -72,9 +76,11 @@ impl AuthorizedKeys {
                         .collect::<Result<Vec<_>, _>>()
                         .map_err(|e| format!("{}: {e}", at()))?;
                     policy.bind = Some(BindRules::new(rules, false));
+                } else if let Some(a) = w.strip_prefix("files=") {
+                    policy.files = Some(a.parse().map_err(|e| format!("{}: files={e}", at()))?);
                 } else {
                     return Err(format!(
-                        "{}: unknown option '{w}' (a key line is 'SHA256:… [allow=HOST:PORT,…] [bind=[ADDR:]PORT,…] [# comment]')",
+                        "{}: unknown option '{w}' (a key line is 'SHA256:… [allow=HOST:PORT,…] [bind=[ADDR:]PORT,…] [files=ro|rw] [# comment]')",
                         at()
                     ));
                 }

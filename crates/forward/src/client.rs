@@ -11,8 +11,10 @@ use longhaul_carrier::{
 };
 use longhaul_proto::frame::{format_dest, parse_dest};
 use longhaul_proto::Reason;
-use longhaul_session::{Acceptor, BoxFuture, OpenRefused, SessionConfig, SessionHandle};
-use tokio::net::{TcpListener, TcpStream};
+use longhaul_session::{
+    Acceptor, BoxFuture, LocalStream, OpenRefused, SessionConfig, SessionHandle,
+};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::connect::connect_host;
@@ -189,7 +191,7 @@ pub(crate) struct ClientAcceptor {
 }
 
 impl Acceptor for ClientAcceptor {
-    fn connect(&self, dest: String) -> BoxFuture<Result<TcpStream, OpenRefused>> {
+    fn connect(&self, dest: String) -> BoxFuture<Result<LocalStream, OpenRefused>> {
         let allowed = self
             .targets
             .lock()
@@ -206,7 +208,7 @@ impl Acceptor for ClientAcceptor {
             let (host, port) = parse_dest(&dest).ok_or_else(|| {
                 OpenRefused::new(Reason::ADDRESS_TYPE_NOT_SUPPORTED, "bad destination")
             })?;
-            connect_host(&host, port).await
+            connect_host(&host, port).await.map(Into::into)
         })
     }
 }
@@ -380,5 +382,12 @@ impl Client {
     pub fn stop(&self, why: &str) {
         self.stop.send_replace(true);
         self.session().close(why);
+    }
+
+    /// Stops reconnecting and ends the session politely: what is queued is
+    /// written and the server forgets the session (within `grace`).
+    pub async fn shutdown(&self, why: &str, grace: Duration) {
+        self.stop.send_replace(true);
+        self.session().shutdown(why, grace).await;
     }
 }

@@ -12,15 +12,18 @@ use longhaul_carrier::{
 };
 use longhaul_proto::Reason;
 use longhaul_session::{
-    Acceptor, BoxFuture, OpenRefused, Resumables, Served, Session, SessionConfig, SessionHandle,
+    Acceptor, BoxFuture, LocalStream, OpenRefused, Resumables, Served, Session, SessionConfig,
+    SessionHandle,
 };
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::auth::{read_preamble, Authenticated, ServerAuth};
 use crate::connect::{allowed_addrs, connect_any, target};
 use crate::rules::{BindRules, Rules};
 use crate::spec::loopback;
+use longhaul_files::serve::FileServer;
+use longhaul_files::Access;
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -40,6 +43,11 @@ pub struct ServerConfig {
     pub max_sessions: usize,
     /// Congestion control for carriers (None: the system default).
     pub congestion: Option<String>,
+    /// The folder offered to `longhaul cp` (`--files DIR`).
+    pub files: Option<Arc<FileServer>>,
+    /// What clients authenticated by token (or anyone, with `--insecure`)
+    /// may do there; keys say it in authorized_keys.
+    pub files_without_key: Option<Access>,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +63,8 @@ impl Default for ServerConfig {
             session: SessionConfig::default(),
             max_sessions: 1024,
             congestion: None,
+            files: None,
+            files_without_key: None,
         }
     }
 }
@@ -118,30 +128,48 @@ struct ServerAcceptor {
     /// The authenticated key's own rules, narrower than the global ones.
     key_rules: Option<Rules>,
     key_bind_rules: Option<BindRules>,
+    /// The file service and what this client may do in it.
+    files: Option<(Arc<FileServer>, Access)>,
     peer: String,
 }
 
 impl ServerAcceptor {
     fn new(config: &ServerConfig, who: &Authenticated, peer: String) -> ServerAcceptor {
-        let (key_rules, key_bind_rules) = match who {
-            Authenticated::Key(_, p) => (p.allow.clone(), p.bind.clone()),
-            _ => (None, None),
+        let (key_rules, key_bind_rules, files) = match who {
+            Authenticated::Key(_, p) => (p.allow.clone(), p.bind.clone(), p.files),
+            _ => (None, None, config.files_without_key),
         };
         ServerAcceptor {
             rules: config.rules.clone(),
             bind_rules: config.bind_rules.clone(),
             key_rules,
             key_bind_rules,
+            files: config.files.clone().zip(files),
             peer,
         }
     }
 }
 
 impl Acceptor for ServerAcceptor {
-    fn connect(&self, dest: String) -> BoxFuture<Result<TcpStream, OpenRefused>> {
+    fn connect(&self, dest: String) -> BoxFuture<Result<LocalStream, OpenRefused>> {
         let rules = self.rules.clone();
         let key_rules = self.key_rules.clone();
         let peer = self.peer.clone();
+        if dest == longhaul_files::SERVICE {
+            let r = match &self.files {
+                Some((server, access)) => server
+                    .accept(*access, peer.clone())
+                    .map_err(|e| OpenRefused::new(Reason::GENERAL_FAILURE, e)),
+                None => {
+                    tracing::warn!(%peer, "refused the file service: no --files folder, or no files= access for this client");
+                    Err(OpenRefused::new(
+                        Reason::NOT_ALLOWED,
+                        "no file access for this client",
+                    ))
+                }
+            };
+            return Box::pin(async move { r });
+        }
         Box::pin(async move {
             let (host, port) = target(&dest)?;
             let mut sets = vec![&rules];
@@ -153,7 +181,7 @@ impl Acceptor for ServerAcceptor {
                     return Err(e);
                 }
             };
-            connect_any(&addrs).await
+            connect_any(&addrs).await.map(Into::into)
         })
     }
 

@@ -5,10 +5,10 @@ use std::io;
 use std::pin::Pin;
 use std::time::Duration;
 
+use crate::local::LocalStream;
 use longhaul_proto::frame::Reason;
 use longhaul_proto::handshake;
 use longhaul_proto::window::WindowConfig;
-use tokio::net::TcpStream;
 
 use crate::runtime::SessionHandle;
 
@@ -154,8 +154,9 @@ pub enum SessionError {
 /// listener. The server answers with its allow rules; the client allows only
 /// the targets of its own `-R` forwards.
 pub trait Acceptor: Send + Sync + 'static {
-    /// Connects to `dest` (`tcp://host:port`) for a stream the peer opened.
-    fn connect(&self, dest: String) -> BoxFuture<Result<TcpStream, OpenRefused>>;
+    /// Connects to `dest` (`tcp://host:port`, or a service of this
+    /// process) for a stream the peer opened.
+    fn connect(&self, dest: String) -> BoxFuture<Result<LocalStream, OpenRefused>>;
 
     /// Starts listening on `bind` and opening streams to `dest` through
     /// `session` for every accepted connection. Returns the bound port.

@@ -76,13 +76,14 @@ fn sink() -> SocketAddr {
 struct SinkAcceptor;
 
 impl Acceptor for SinkAcceptor {
-    fn connect(&self, dest: String) -> BoxFuture<Result<TcpStream, OpenRefused>> {
+    fn connect(&self, dest: String) -> BoxFuture<Result<crate::LocalStream, OpenRefused>> {
         Box::pin(async move {
             if dest == "tcp://refused:1" {
                 return Err(OpenRefused::new(Reason::NOT_ALLOWED, "not allowed"));
             }
             TcpStream::connect(sink())
                 .await
+                .map(Into::into)
                 .map_err(|e| OpenRefused::new(Reason::GENERAL_FAILURE, e.to_string()))
         })
     }

@@ -9,11 +9,11 @@ use longhaul_proto::handshake::{self, Hello, HELLO_LEN};
 use longhaul_proto::link::MIN_REPLAY_LIMIT;
 use longhaul_proto::mux::{Mux, MuxConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::config::{Acceptor, Mode, OpenRefused, SessionConfig, SessionError, SessionStats};
 use crate::housekeeping::housekeeping;
 use crate::link::{LinkState, Role};
+use crate::local::LocalStream;
 use crate::resume::{Resumables, Served};
 use crate::runtime::{SessionHandle, Shared};
 
@@ -32,9 +32,9 @@ pub struct Opened {
 
 impl Opened {
     /// Starts relaying between the stream and `sock`.
-    pub fn attach(mut self, sock: TcpStream) {
+    pub fn attach(mut self, sock: impl Into<LocalStream>) {
         self.attached = true;
-        crate::stream::spawn_pumps(&self.shared, self.id, sock);
+        crate::stream::spawn_pumps(&self.shared, self.id, sock.into());
     }
 
     pub fn id(&self) -> u32 {

@@ -40,6 +40,7 @@ mod inbound;
 mod lane_io;
 mod lanes;
 mod link;
+mod local;
 mod reader;
 mod requests;
 mod resume;
@@ -53,6 +54,7 @@ pub use config::{
 pub use handle::{Opened, Session};
 pub use lanes::LaneStats;
 pub use link::{auto_replay_limit, Role};
+pub use local::LocalStream;
 pub use longhaul_proto::stripe::MAX_LANES;
 pub use resume::{Resumables, Served};
 pub use runtime::SessionHandle;

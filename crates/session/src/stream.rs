@@ -10,10 +10,9 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 
 use crate::inbound::{compact_parts, Part};
+use crate::local::{LocalRead, LocalStream, LocalWrite};
 use crate::runtime::{Shared, StreamIo};
 
 /// Largest single read from a local socket; split into frames of at most
@@ -29,20 +28,29 @@ const UPLINK_FIRST_READ: usize = 64 * 1024;
 const SHORT_READ_SHARE: usize = 4;
 
 /// Starts relaying between stream `id` and `sock`: its two pumps.
-pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: TcpStream) {
+pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
     let Some(io) = shared.stream_io(id) else {
         return;
     };
-    let _ = longhaul_carrier::tune_socket(&sock);
-    let (r, w) = sock.into_split();
-    let up = tokio::spawn(uplink(shared.clone(), id, io.clone(), r));
-    tokio::spawn(downlink(shared.clone(), id, io, w));
+    let up = match sock {
+        LocalStream::Tcp(sock) => {
+            let _ = longhaul_carrier::tune_socket(&sock);
+            let (r, w) = sock.into_split();
+            tokio::spawn(downlink(shared.clone(), id, io.clone(), w));
+            tokio::spawn(uplink(shared.clone(), id, io, r))
+        }
+        LocalStream::Unix(sock) => {
+            let (r, w) = sock.into_split();
+            tokio::spawn(downlink(shared.clone(), id, io.clone(), w));
+            tokio::spawn(uplink(shared.clone(), id, io, r))
+        }
+    };
     shared.set_uplink(id, up.abort_handle());
 }
 
 /// Local socket → DATA frames, as fast as the peer's credit and the
 /// stream's send queue allow.
-pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: OwnedReadHalf) {
+pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: impl LocalRead) {
     let mut buf = BytesMut::new();
     // Capacity of `buf`'s allocation when it was made.
     let mut alloc = 0;
@@ -112,7 +120,7 @@ pub(crate) async fn downlink(
     shared: Arc<Shared>,
     id: u32,
     io: Arc<StreamIo>,
-    mut wr: OwnedWriteHalf,
+    mut wr: impl LocalWrite,
 ) {
     let mut pending: Vec<Part> = Vec::new();
     loop {
@@ -126,8 +134,7 @@ pub(crate) async fn downlink(
             )
         };
         if reset {
-            // Closing with SO_LINGER 0 sends a reset.
-            let _ = socket2::SockRef::from(wr.as_ref()).set_linger(Some(std::time::Duration::ZERO));
+            wr.reset_on_close();
             return;
         }
         if pending.is_empty() && !eof {
@@ -165,7 +172,7 @@ fn credit_delivered(shared: &Arc<Shared>, id: u32, total: usize) {
 /// and what it holds is compacted, so that a consumer that stops reading
 /// keeps only its own bytes in memory, not the carrier buffers they came in.
 async fn write_parts(
-    wr: &mut OwnedWriteHalf,
+    wr: &mut impl LocalWrite,
     parts: &mut Vec<Part>,
     io: &StreamIo,
 ) -> io::Result<()> {

@@ -17,7 +17,10 @@ use tokio::net::{TcpListener, TcpStream};
 struct Hanging;
 
 impl Acceptor for Hanging {
-    fn connect(&self, _dest: String) -> BoxFuture<Result<TcpStream, OpenRefused>> {
+    fn connect(
+        &self,
+        _dest: String,
+    ) -> BoxFuture<Result<longhaul_session::LocalStream, OpenRefused>> {
         Box::pin(std::future::pending())
     }
 }

@@ -1,0 +1,313 @@
+//! What a `cp` command means (scp's rules), and running it on a few
+//! streams at once.
+
+use std::collections::VecDeque;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use anyhow::{anyhow, bail, Context};
+
+use crate::client::{Conn, Copied, Counters, Remote};
+use crate::root::RelPath;
+use crate::wire::Kind;
+
+/// One side of a copy, as written on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Place {
+    Local(PathBuf),
+    /// `SERVER:/PATH`: the server's address, and a path in its folder.
+    Remote {
+        server: String,
+        path: String,
+    },
+}
+
+impl Place {
+    /// `URL:/PATH` is remote (split at the first `:/` after the URL's
+    /// `://`, if any); anything else, or anything starting with `/` or
+    /// `.`, is a local path (write `./a:/b` for a local name with `:/`).
+    pub fn parse(s: &str) -> Place {
+        if s.starts_with('/') || s.starts_with('.') {
+            return Place::Local(s.into());
+        }
+        let after = s.find("://").map(|i| i + 3).unwrap_or(0);
+        match s[after..].find(":/") {
+            Some(i) if after + i > 0 => Place::Remote {
+                server: s[..after + i].to_string(),
+                path: s[after + i + 1..].to_string(),
+            },
+            _ => Place::Local(s.into()),
+        }
+    }
+}
+
+/// One file to copy.
+#[derive(Debug, Clone)]
+pub enum Task {
+    Put {
+        src: PathBuf,
+        dest: Vec<u8>,
+        size: u64,
+    },
+    Get {
+        src: Vec<u8>,
+        dest: PathBuf,
+        size: u64,
+    },
+}
+
+impl Task {
+    pub fn size(&self) -> u64 {
+        match self {
+            Task::Put { size, .. } | Task::Get { size, .. } => *size,
+        }
+    }
+}
+
+fn rel(path: &str) -> anyhow::Result<Vec<u8>> {
+    let r = RelPath::parse(path.trim_start_matches('/').as_bytes())
+        .map_err(|e| anyhow!("{path}: {e}"))?;
+    Ok(r.components().join(&b'/'))
+}
+
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    match dir.is_empty() {
+        true => name.to_vec(),
+        false => [dir, b"/", name].concat(),
+    }
+}
+
+fn local_name(p: &Path) -> anyhow::Result<Vec<u8>> {
+    let full = std::fs::canonicalize(p).with_context(|| format!("{}", p.display()))?;
+    full.file_name()
+        .map(|n| n.as_bytes().to_vec())
+        .ok_or_else(|| anyhow!("{}: has no name to copy it under", p.display()))
+}
+
+/// Plans an upload: makes the remote folders on the way, returns the files.
+pub fn plan_upload(
+    conn: &mut Conn,
+    sources: &[PathBuf],
+    dest: &str,
+    recursive: bool,
+) -> anyhow::Result<Vec<Task>> {
+    let dest_rel = rel(dest)?;
+    let (kind, _) = conn.stat(&dest_rel)?;
+    let into = kind == Kind::Dir;
+    if !into {
+        if sources.len() > 1 {
+            bail!("{dest} is not a folder on the server (several sources go into a folder)");
+        }
+        if dest.ends_with('/') || dest_rel.is_empty() {
+            bail!("no folder {dest} on the server");
+        }
+    }
+    let mut tasks = vec![];
+    for src in sources {
+        let meta = std::fs::metadata(src).with_context(|| format!("{}", src.display()))?;
+        let target = match into {
+            true => join(&dest_rel, &local_name(src)?),
+            false => dest_rel.clone(),
+        };
+        if meta.is_file() {
+            tasks.push(Task::Put {
+                src: src.clone(),
+                dest: target,
+                size: meta.len(),
+            });
+        } else if meta.is_dir() {
+            if !recursive {
+                bail!("{} is a folder: add -r to copy folders", src.display());
+            }
+            conn.mkdir(&target)?;
+            walk_local(conn, src, &target, &mut tasks)?;
+        } else {
+            bail!("{}: not a file or folder", src.display());
+        }
+    }
+    Ok(tasks)
+}
+
+fn walk_local(
+    conn: &mut Conn,
+    dir: &Path,
+    remote: &[u8],
+    tasks: &mut Vec<Task>,
+) -> anyhow::Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("{}", dir.display()))?
+        .collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let path = e.path();
+        let target = join(remote, e.file_name().as_bytes());
+        let ft = e.file_type()?;
+        if ft.is_dir() {
+            conn.mkdir(&target)?;
+            walk_local(conn, &path, &target, tasks)?;
+        } else if ft.is_file() {
+            tasks.push(Task::Put {
+                size: e.metadata()?.len(),
+                src: path,
+                dest: target,
+            });
+        } else {
+            tracing::warn!("skipping {} (not a file or folder)", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// Plans a download: makes the local folders on the way, returns the files.
+pub fn plan_download(
+    conn: &mut Conn,
+    sources: &[String],
+    dest: &Path,
+    recursive: bool,
+) -> anyhow::Result<Vec<Task>> {
+    let into = dest.is_dir();
+    if !into && sources.len() > 1 {
+        bail!(
+            "{} is not a folder (several sources go into a folder)",
+            dest.display()
+        );
+    }
+    let mut tasks = vec![];
+    for src in sources {
+        let src_rel = rel(src)?;
+        let (kind, size) = conn.stat(&src_rel)?;
+        let name = src_rel.rsplit(|&b| b == b'/').next().unwrap_or_default();
+        if name.is_empty() {
+            bail!("{src}: name a file or folder inside the served folder");
+        }
+        let target = match into {
+            true => dest.join(OsStr::from_bytes(name)),
+            false => dest.to_path_buf(),
+        };
+        match kind {
+            Kind::Missing => bail!("{src}: no such file or folder on the server"),
+            Kind::File => tasks.push(Task::Get {
+                src: src_rel,
+                dest: target,
+                size,
+            }),
+            Kind::Dir => {
+                if !recursive {
+                    bail!("{src} is a folder: add -r to copy folders");
+                }
+                std::fs::create_dir_all(&target)
+                    .with_context(|| format!("cannot make {}", target.display()))?;
+                for e in conn.list(&src_rel)? {
+                    let local = target.join(OsStr::from_bytes(&e.path));
+                    match e.kind {
+                        Kind::Dir => std::fs::create_dir_all(&local)
+                            .with_context(|| format!("cannot make {}", local.display()))?,
+                        _ => tasks.push(Task::Get {
+                            src: join(&src_rel, &e.path),
+                            dest: local,
+                            size: e.size,
+                        }),
+                    }
+                }
+            }
+        }
+    }
+    Ok(tasks)
+}
+
+/// Runs the tasks on up to `jobs` streams (the first is `first`). Returns
+/// what was copied and what failed.
+pub fn run(
+    remote: &Remote,
+    first: Conn,
+    tasks: Vec<Task>,
+    jobs: usize,
+    counters: &Counters,
+) -> (Vec<Copied>, Vec<String>) {
+    let n = tasks.len();
+    let queue = Mutex::new(tasks.into_iter().collect::<VecDeque<_>>());
+    let done = Mutex::new(vec![]);
+    let failed = Mutex::new(vec![]);
+    let work = |conn: Option<Conn>| {
+        let mut conn = conn;
+        loop {
+            let Some(task) = queue.lock().ok().and_then(|mut q| q.pop_front()) else {
+                return;
+            };
+            let c = match conn.take() {
+                Some(c) => Ok(c),
+                None => remote.connect(),
+            };
+            let (r, c) = match c {
+                Ok(mut c) => {
+                    let r = match &task {
+                        Task::Put { src, dest, .. } => c.put(src, dest, false, counters),
+                        Task::Get { src, dest, .. } => c.get(src, dest, counters),
+                    };
+                    (r, Some(c))
+                }
+                Err(e) => (Err(e), None),
+            };
+            match r {
+                Ok(copied) => done.lock().unwrap_or_else(|p| p.into_inner()).push(copied),
+                Err(e) => {
+                    let what = match &task {
+                        Task::Put { src, .. } => src.display().to_string(),
+                        Task::Get { src, .. } => String::from_utf8_lossy(src).into_owned(),
+                    };
+                    failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(format!("{what}: {e:#}"));
+                    // A stream that failed half-way is out of step.
+                    conn = None;
+                    continue;
+                }
+            }
+            conn = c;
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 1..jobs.clamp(1, n.max(1)) {
+            s.spawn(|| work(None));
+        }
+        work(Some(first));
+    });
+    (
+        done.into_inner().unwrap_or_default(),
+        failed.into_inner().unwrap_or_default(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn places_split_like_scp() {
+        let r = |s: &str, p: &str| Place::Remote {
+            server: s.into(),
+            path: p.into(),
+        };
+        assert_eq!(Place::parse("tls://h:4433:/d/"), r("tls://h:4433", "/d/"));
+        assert_eq!(Place::parse("h:4433:/f"), r("h:4433", "/f"));
+        assert_eq!(
+            Place::parse("tls://[::1]:7:/a:/b"),
+            r("tls://[::1]:7", "/a:/b")
+        );
+        assert_eq!(Place::parse("ws://h:80/t:/x"), r("ws://h:80/t", "/x"));
+        assert_eq!(Place::parse("dir:///mnt/s:/x"), r("dir:///mnt/s", "/x"));
+        assert_eq!(Place::parse("./a:/b"), Place::Local("./a:/b".into()));
+        assert_eq!(Place::parse("/tmp/x"), Place::Local("/tmp/x".into()));
+        assert_eq!(Place::parse("file.iso"), Place::Local("file.iso".into()));
+    }
+
+    #[test]
+    fn remote_paths_are_relative_and_checked() {
+        assert_eq!(rel("/a//b/").unwrap(), b"a/b");
+        assert_eq!(rel("/").unwrap(), b"");
+        assert!(rel("/a/../../etc").is_err());
+    }
+}

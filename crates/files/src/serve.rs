@@ -1,0 +1,348 @@
+//! The server's side: one thread per stream, plain blocking I/O on one end
+//! of a socket pair whose other end the session relays.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{BufReader, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use longhaul_session::LocalStream;
+use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
+use sha2::{Digest, Sha256};
+
+use crate::root::{part_name, Refusal, RelPath, Root};
+use crate::transfer::{self, receive_file, send_file, TransferError, Version};
+use crate::wire::{self, Request};
+use crate::Access;
+
+/// File streams served at once (each a thread with up to 1.3 MiB of
+/// buffers); more are refused.
+pub const MAX_FILE_STREAMS: usize = 64;
+/// A peer that neither sends nor reads for this long loses its stream.
+pub const IDLE_LIMIT: Duration = Duration::from_secs(120);
+
+/// Serves one folder to the sessions that may use it.
+#[derive(Debug)]
+pub struct FileServer {
+    root: Root,
+    busy: AtomicUsize,
+}
+
+impl FileServer {
+    pub fn open(dir: &Path) -> std::io::Result<Arc<FileServer>> {
+        Ok(Arc::new(FileServer {
+            root: Root::open(dir)?,
+            busy: AtomicUsize::new(0),
+        }))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.root.path
+    }
+
+    /// Starts serving a stream for `peer` with `access`; returns the end
+    /// the session relays. Must run inside the runtime.
+    pub fn accept(self: &Arc<Self>, access: Access, peer: String) -> Result<LocalStream, String> {
+        if self.busy.fetch_add(1, Ordering::AcqRel) >= MAX_FILE_STREAMS {
+            self.busy.fetch_sub(1, Ordering::AcqRel);
+            return Err(format!("file service busy ({MAX_FILE_STREAMS} streams)"));
+        }
+        let started = LocalStream::pair()
+            .map_err(|e| e.to_string())
+            .and_then(|(ours, theirs)| {
+                let me = self.clone();
+                std::thread::Builder::new()
+                    .name("files".into())
+                    .spawn(move || {
+                        me.serve(theirs, access, &peer);
+                        me.busy.fetch_sub(1, Ordering::AcqRel);
+                    })
+                    .map(|_| ours)
+                    .map_err(|e| e.to_string())
+            });
+        if started.is_err() {
+            self.busy.fetch_sub(1, Ordering::AcqRel);
+        }
+        started
+    }
+
+    fn serve(&self, sock: UnixStream, access: Access, peer: &str) {
+        let _ = sock.set_read_timeout(Some(IDLE_LIMIT));
+        let _ = sock.set_write_timeout(Some(IDLE_LIMIT));
+        let Ok(out) = sock.try_clone() else { return };
+        let mut conn = Conn {
+            input: BufReader::with_capacity(64 * 1024, sock),
+            out,
+        };
+        loop {
+            let req = match Request::read(&mut conn.input) {
+                Ok(Some(r)) => r,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::debug!(%peer, "file stream ended: {e}");
+                    return;
+                }
+            };
+            let path = String::from_utf8_lossy(req.path()).into_owned();
+            match self.handle(&mut conn, req, access, peer) {
+                Ok(()) => {}
+                Err(Failure::Refused(r)) => {
+                    if r.is_hostile() {
+                        tracing::warn!(%peer, %path, "file request refused: {r}");
+                    } else {
+                        tracing::info!(%peer, %path, "file request failed: {r}");
+                    }
+                    if wire::write_err(&mut conn.out, &r.to_string()).is_err() {
+                        return;
+                    }
+                }
+                Err(Failure::Ended(why)) => {
+                    tracing::info!(%peer, %path, "file transfer ended: {why}");
+                    return;
+                }
+                Err(Failure::Abandon(why)) => {
+                    tracing::warn!(%peer, %path, "file not received: {why}");
+                    // The answer, then the end of our half; what the client
+                    // still sends is read and dropped until it stops (a
+                    // reset could overtake the answer).
+                    let _ = wire::write_err(&mut conn.out, &why);
+                    let _ = conn.out.shutdown(std::net::Shutdown::Write);
+                    let _ = std::io::copy(&mut conn.input, &mut std::io::sink());
+                    return;
+                }
+            }
+        }
+    }
+
+    fn handle(
+        &self,
+        c: &mut Conn,
+        req: Request,
+        access: Access,
+        peer: &str,
+    ) -> Result<(), Failure> {
+        let rel = RelPath::parse(req.path())?;
+        match req {
+            Request::Stat { .. } => {
+                let (kind, size) = self.root.stat(&rel)?;
+                let mut b = vec![0, kind.to_byte()];
+                b.extend_from_slice(&size.to_be_bytes());
+                c.send(&b)
+            }
+            Request::List { .. } => {
+                let entries = self.root.list(&rel)?;
+                let mut b = vec![0];
+                b.extend_from_slice(&(entries.len() as u32).to_be_bytes());
+                for e in &entries {
+                    wire::write_entry(&mut b, e);
+                }
+                c.send(&b)
+            }
+            Request::Mkdir { .. } => {
+                access.check_write()?;
+                self.root.open_dir(&rel, true)?;
+                c.send(&[0])
+            }
+            Request::Get {
+                have, have_hash, ..
+            } => self.get(c, &rel, have, have_hash, peer),
+            Request::Put {
+                size,
+                mode,
+                parents,
+                ..
+            } => {
+                access.check_write()?;
+                self.put(c, &rel, size, mode, parents, peer)
+            }
+        }
+    }
+
+    fn get(
+        &self,
+        c: &mut Conn,
+        rel: &RelPath,
+        have: u64,
+        have_hash: wire::Hash,
+        peer: &str,
+    ) -> Result<(), Failure> {
+        let file = self.root.open_file(rel)?;
+        let version = Version::of(&file).map_err(other)?;
+        let none = AtomicU64::new(0);
+        let (start, hasher) = match have {
+            0 => (0, Sha256::new()),
+            n if n <= version.size => {
+                match transfer::hash_prefix(&file, n, &none).map_err(other)? {
+                    Some(h) if transfer::digest(&h) == have_hash => (n, h),
+                    _ => (0, Sha256::new()),
+                }
+            }
+            _ => (0, Sha256::new()),
+        };
+        let mut b = vec![0];
+        b.extend_from_slice(&version.size.to_be_bytes());
+        b.extend_from_slice(&start.to_be_bytes());
+        b.extend_from_slice(&mode_of(&file).to_be_bytes());
+        c.send(&b)?;
+        match send_file(&mut c.out, &file, start, version, hasher, &none) {
+            Ok(_) => {
+                tracing::info!(%peer, path = %show(rel), bytes = version.size - start, from = start, "file sent");
+                Ok(())
+            }
+            // Said in the trailer; the stream goes on.
+            Err(TransferError::Local(msg)) => {
+                tracing::warn!(%peer, path = %show(rel), "file not sent: {msg}");
+                Ok(())
+            }
+            Err(e) => Err(Failure::Ended(e.to_string())),
+        }
+    }
+
+    fn put(
+        &self,
+        c: &mut Conn,
+        rel: &RelPath,
+        size: u64,
+        mode: u32,
+        parents: bool,
+        peer: &str,
+    ) -> Result<(), Failure> {
+        let (dir, name) = self.root.parent_of(rel, parents)?;
+        if let Ok(st) = rustix::fs::statat(&dir, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW)
+        {
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
+                return Err(Refusal::Other("a folder of that name exists".into()).into());
+            }
+        }
+        let part = part_name(name);
+        let fd = rustix::fs::openat(
+            &dir,
+            OsStr::from_bytes(&part),
+            OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| other(e.into()))?;
+        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive)
+            .map_err(|_| Refusal::Other("another copy to this file is in progress".into()))?;
+        let file = File::from(fd);
+        let mut have = file.metadata().map_err(other)?.len();
+        let none = AtomicU64::new(0);
+        let mut hasher = Sha256::new();
+        if have > size {
+            have = 0;
+        } else if have > 0 {
+            match transfer::hash_prefix(&file, have, &none).map_err(other)? {
+                Some(h) => hasher = h,
+                None => have = 0,
+            }
+        }
+        let mut b = vec![0];
+        b.extend_from_slice(&have.to_be_bytes());
+        b.extend_from_slice(&transfer::digest(&hasher));
+        c.send(&b)?;
+        let start = wire::read_u64(&mut c.input).map_err(|e| Failure::Ended(e.to_string()))?;
+        if start != 0 && start != have {
+            return Err(Failure::Ended("protocol error: bad start offset".into()));
+        }
+        if start == 0 {
+            hasher = Sha256::new();
+        }
+        file.set_len(start).map_err(other)?;
+        let remove = || {
+            let _ = rustix::fs::unlinkat(&dir, OsStr::from_bytes(&part), AtFlags::empty());
+        };
+        match receive_file(&mut c.input, &file, start, size, hasher, &none) {
+            Ok(_) => {
+                let perms = 0o644 | (mode & 0o111);
+                let _ = rustix::fs::fchmod(&file, Mode::from_raw_mode(perms));
+                finish(&dir, &part, name).map_err(|e| {
+                    remove();
+                    other(e.into())
+                })?;
+                tracing::info!(%peer, path = %show(rel), bytes = size - start, from = start, "file received");
+                c.send(&[0])
+            }
+            // The connection went: keep the verified part for a resume.
+            Err(TransferError::Stream(e)) => Err(Failure::Ended(e.to_string())),
+            // Disk full or failing, half-way: say so while the client is
+            // still sending, and nothing of it stays.
+            Err(TransferError::Write(msg)) => {
+                remove();
+                Err(Failure::Abandon(msg))
+            }
+            Err(e) => {
+                // Disk full, mismatch, or the sender's file changed: nothing
+                // of it stays.
+                remove();
+                Err(Refusal::Other(e.to_string()).into())
+            }
+        }
+    }
+}
+
+fn finish(dir: &OwnedFd, part: &[u8], name: &[u8]) -> rustix::io::Result<()> {
+    rustix::fs::renameat(dir, OsStr::from_bytes(part), dir, OsStr::from_bytes(name))
+}
+
+fn mode_of(f: &File) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    f.metadata()
+        .map(|m| m.permissions().mode())
+        .unwrap_or(0o644)
+}
+
+fn show(rel: &RelPath) -> String {
+    let parts: Vec<String> = rel
+        .components()
+        .iter()
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect();
+    parts.join("/")
+}
+
+struct Conn {
+    input: BufReader<UnixStream>,
+    out: UnixStream,
+}
+
+impl Conn {
+    fn send(&mut self, b: &[u8]) -> Result<(), Failure> {
+        self.out
+            .write_all(b)
+            .map_err(|e| Failure::Ended(e.to_string()))
+    }
+}
+
+enum Failure {
+    /// Answered with an error; the stream goes on.
+    Refused(Refusal),
+    /// The stream cannot go on.
+    Ended(String),
+    /// The stream cannot go on, and the peer is told why.
+    Abandon(String),
+}
+
+impl From<Refusal> for Failure {
+    fn from(r: Refusal) -> Failure {
+        Failure::Refused(r)
+    }
+}
+
+fn other(e: std::io::Error) -> Failure {
+    Failure::Refused(Refusal::Other(e.to_string()))
+}
+
+impl Access {
+    fn check_write(self) -> Result<(), Refusal> {
+        match self {
+            Access::ReadWrite => Ok(()),
+            Access::ReadOnly => Err(Refusal::ReadOnly),
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! The local end of a stream: a TCP connection (forwards, targets) or one
+//! end of a Unix socket pair (a service inside this process, such as the
+//! file service, which then runs on plain blocking I/O).
+
+use std::future::Future;
+use std::io;
+
+use bytes::BufMut;
+use tokio::io::AsyncWrite;
+use tokio::net::{tcp, unix, TcpStream, UnixStream};
+
+/// What a stream's pumps relay to.
+#[derive(Debug)]
+pub enum LocalStream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl From<TcpStream> for LocalStream {
+    fn from(s: TcpStream) -> LocalStream {
+        LocalStream::Tcp(s)
+    }
+}
+
+impl From<UnixStream> for LocalStream {
+    fn from(s: UnixStream) -> LocalStream {
+        LocalStream::Unix(s)
+    }
+}
+
+impl LocalStream {
+    /// A connected pair: the first end for a stream's pumps, the second
+    /// (blocking) for the in-process service. Must run inside the runtime.
+    pub fn pair() -> io::Result<(LocalStream, std::os::unix::net::UnixStream)> {
+        let (a, b) = std::os::unix::net::UnixStream::pair()?;
+        a.set_nonblocking(true)?;
+        Ok((LocalStream::Unix(UnixStream::from_std(a)?), b))
+    }
+}
+
+/// The read half the uplink needs: readiness, then non-blocking reads.
+pub(crate) trait LocalRead: Send + 'static {
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
+    fn try_read_buf<B: BufMut>(&self, buf: &mut B) -> io::Result<usize>;
+}
+
+/// The write half the downlink needs.
+pub(crate) trait LocalWrite: AsyncWrite + Unpin + Send + 'static {
+    fn writable(&self) -> impl Future<Output = io::Result<()>> + Send;
+    fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize>;
+    /// Makes the close a reset where the transport has one (TCP).
+    fn reset_on_close(&self);
+}
+
+macro_rules! local_halves {
+    ($read:ty, $write:ty, $reset:expr) => {
+        impl LocalRead for $read {
+            fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
+                <$read>::readable(self)
+            }
+            fn try_read_buf<B: BufMut>(&self, buf: &mut B) -> io::Result<usize> {
+                <$read>::try_read_buf(self, buf)
+            }
+        }
+        impl LocalWrite for $write {
+            fn writable(&self) -> impl Future<Output = io::Result<()>> + Send {
+                <$write>::writable(self)
+            }
+            fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+                <$write>::try_write_vectored(self, bufs)
+            }
+            fn reset_on_close(&self) {
+                let reset: fn(&$write) = $reset;
+                reset(self)
+            }
+        }
+    };
+}
+
+local_halves!(tcp::OwnedReadHalf, tcp::OwnedWriteHalf, |w| {
+    // Closing with SO_LINGER 0 sends a reset.
+    let _ = socket2::SockRef::from(w.as_ref()).set_linger(Some(std::time::Duration::ZERO));
+});
+// A Unix socket has no reset: the service sees the close.
+local_halves!(unix::OwnedReadHalf, unix::OwnedWriteHalf, |_| {});
