@@ -45,6 +45,12 @@ pub(crate) async fn run(a: CpArgs) -> anyhow::Result<()> {
             _ => bail!("mixed local and remote sources: copy one way at a time"),
         }
     }
+    for p in remote_paths.iter().chain(match &dest {
+        Place::Remote { path, .. } => Some(path),
+        Place::Local(_) => None,
+    }) {
+        plan::rel(p)?;
+    }
     let url = parse_server_url(&server).map_err(|e| anyhow::anyhow!("{server}: {e}"))?;
     let cfg = crate::connect::client_config(&url, &a.conn, &a.session, false)?;
     let client = Arc::new(Client::start(cfg).await?);
@@ -76,7 +82,8 @@ pub(crate) async fn run(a: CpArgs) -> anyhow::Result<()> {
         r = work => r?,
         _ = tokio::signal::ctrl_c() => {
             // What was written stays as a partial file: the same command
-            // continues from it.
+            // continues from it. Ending the session tells the server so.
+            client.shutdown("interrupted", std::time::Duration::from_secs(1)).await;
             bail!("interrupted: run the same command again to resume");
         }
     };
@@ -86,12 +93,12 @@ pub(crate) async fn run(a: CpArgs) -> anyhow::Result<()> {
         .shutdown("copy done", std::time::Duration::from_secs(2))
         .await;
     let summary = summary?;
+    for e in &summary.errors {
+        eprintln!("longhaul: {e}");
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
-        for e in &summary.errors {
-            eprintln!("longhaul: {e}");
-        }
         eprintln!("{}", summary.line());
     }
     if !summary.errors.is_empty() {

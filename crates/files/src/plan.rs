@@ -66,7 +66,9 @@ impl Task {
     }
 }
 
-fn rel(path: &str) -> anyhow::Result<Vec<u8>> {
+/// A remote path as the service wants it: relative to the served folder,
+/// checked.
+pub fn rel(path: &str) -> anyhow::Result<Vec<u8>> {
     let r = RelPath::parse(path.trim_start_matches('/').as_bytes())
         .map_err(|e| anyhow!("{path}: {e}"))?;
     Ok(r.components().join(&b'/'))

@@ -1,6 +1,7 @@
 //! The server's side: one thread per stream, plain blocking I/O on one end
 //! of a socket pair whose other end the session relays.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{BufReader, Write};
@@ -9,7 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use longhaul_session::LocalStream;
@@ -32,6 +33,12 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(120);
 pub struct FileServer {
     root: Root,
     busy: AtomicUsize,
+    /// Uploads in progress, by path: a newer upload of the same file ends
+    /// the older one, whose client is most likely gone (its session kept
+    /// for a resume that will not come) — so that running the same command
+    /// again after Ctrl-C or a lost network resumes at once.
+    writers: Mutex<HashMap<String, (u64, UnixStream)>>,
+    next_writer: AtomicU64,
 }
 
 impl FileServer {
@@ -39,6 +46,8 @@ impl FileServer {
         Ok(Arc::new(FileServer {
             root: Root::open(dir)?,
             busy: AtomicUsize::new(0),
+            writers: Mutex::default(),
+            next_writer: AtomicU64::new(0),
         }))
     }
 
@@ -228,8 +237,9 @@ impl FileServer {
             Mode::from_raw_mode(0o600),
         )
         .map_err(|e| other(e.into()))?;
-        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive)
-            .map_err(|_| Refusal::Other("another copy to this file is in progress".into()))?;
+        let path = show(rel);
+        self.lock_part(&fd, &path, peer)?;
+        let _writer = self.register(&path, &c.out);
         let file = File::from(fd);
         let mut have = file.metadata().map_err(other)?.len();
         let none = AtomicU64::new(0);
@@ -285,6 +295,64 @@ impl FileServer {
         }
     }
 }
+
+impl FileServer {
+    /// Locks an upload's partial file, ending an earlier upload of it.
+    fn lock_part(&self, fd: &OwnedFd, path: &str, peer: &str) -> Result<(), Refusal> {
+        let try_lock = || rustix::fs::flock(fd, FlockOperation::NonBlockingLockExclusive).is_ok();
+        if try_lock() {
+            return Ok(());
+        }
+        if let Some((_, old)) = self.writers().get(path) {
+            tracing::info!(%peer, %path, "a new upload of this file ends the earlier one");
+            let _ = old.shutdown(std::net::Shutdown::Both);
+        }
+        let deadline = std::time::Instant::now() + TAKEOVER_WAIT;
+        while std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            if try_lock() {
+                return Ok(());
+            }
+        }
+        Err(Refusal::Other(
+            "another copy to this file is in progress".into(),
+        ))
+    }
+
+    fn writers(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, UnixStream)>> {
+        self.writers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn register(&self, path: &str, sock: &UnixStream) -> Option<Registered<'_>> {
+        let id = self.next_writer.fetch_add(1, Ordering::Relaxed);
+        let sock = sock.try_clone().ok()?;
+        self.writers().insert(path.to_string(), (id, sock));
+        Some(Registered {
+            server: self,
+            path: path.to_string(),
+            id,
+        })
+    }
+}
+
+/// Takes an upload out of the table when it ends.
+struct Registered<'a> {
+    server: &'a FileServer,
+    path: String,
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        let mut w = self.server.writers();
+        if w.get(&self.path).is_some_and(|(id, _)| *id == self.id) {
+            w.remove(&self.path);
+        }
+    }
+}
+
+/// How long a new upload waits for an earlier one of the same file to end.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
 
 fn finish(dir: &OwnedFd, part: &[u8], name: &[u8]) -> rustix::io::Result<()> {
     rustix::fs::renameat(dir, OsStr::from_bytes(part), dir, OsStr::from_bytes(name))

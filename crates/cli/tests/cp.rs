@@ -1,0 +1,475 @@
+//! `longhaul cp` run as a user would: real server and client processes,
+//! real TLS, files compared by hash.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+use sha2::{Digest, Sha256};
+
+/// A server offering `files` to three keys: one read-write, one read-only,
+/// one with no file access.
+struct Fixture {
+    dir: PathBuf,
+    files: PathBuf,
+    port: u16,
+    fp: String,
+    log: PathBuf,
+    _server: Kill,
+}
+
+fn keygen(path: &Path) -> String {
+    let out = Command::new(BIN)
+        .args(["keygen", "--out"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+impl Fixture {
+    fn start(name: &str, files: Option<PathBuf>) -> Fixture {
+        let dir = tmpdir(name);
+        let files = files.unwrap_or_else(|| {
+            let f = dir.join("served");
+            std::fs::create_dir_all(&f).unwrap();
+            f
+        });
+        let fp = keygen(&dir.join("server.key"));
+        let rw = keygen(&dir.join("rw.key"));
+        let ro = keygen(&dir.join("ro.key"));
+        let none = keygen(&dir.join("none.key"));
+        std::fs::write(
+            dir.join("authorized_keys"),
+            format!("{rw} files=rw # writer\n{ro} files=ro # reader\n{none} # forwards only\n"),
+        )
+        .unwrap();
+        let port = free_port();
+        let log = dir.join("server.log");
+        let server = spawn_logged(
+            &[
+                "server",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--key",
+                dir.join("server.key").to_str().unwrap(),
+                "--authorized-keys",
+                dir.join("authorized_keys").to_str().unwrap(),
+                "--files",
+                files.to_str().unwrap(),
+            ],
+            &log,
+        );
+        wait_port(port);
+        Fixture {
+            dir,
+            files,
+            port,
+            fp,
+            log,
+            _server: server,
+        }
+    }
+
+    /// `SERVER:PATH` for this server.
+    fn at(&self, path: &str) -> String {
+        format!("127.0.0.1:{}:{path}", self.port)
+    }
+
+    fn cp_command(&self, key: &str, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(["cp", "--json", "--key"])
+            .arg(self.dir.join(format!("{key}.key")))
+            .args(["--pin", &self.fp])
+            .args(args);
+        c
+    }
+
+    fn cp(&self, key: &str, args: &[&str]) -> Output {
+        self.cp_command(key, args).output().unwrap()
+    }
+
+    fn server_log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "no JSON from cp: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Writes `size` pseudo-random bytes; returns their SHA-256 (hex).
+fn random_file(path: &Path, size: u64, seed: u64) -> String {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut h = Sha256::new();
+    let mut x = seed | 1;
+    let mut block = vec![0u8; 1 << 20];
+    let mut left = size;
+    while left > 0 {
+        for w in block.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+        let n = left.min(block.len() as u64) as usize;
+        h.update(&block[..n]);
+        f.write_all(&block[..n]).unwrap();
+        left -= n as u64;
+    }
+    f.flush().unwrap();
+    hex(&h.finalize())
+}
+
+fn hash_file(path: &Path) -> String {
+    let mut h = Sha256::new();
+    let mut f = std::fs::File::open(path).unwrap();
+    std::io::copy(&mut f, &mut h).unwrap();
+    hex(&h.finalize())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_gibibyte_goes_both_ways_intact() {
+    let f = Fixture::start("cp-gib", None);
+    let src = f.dir.join("big.bin");
+    let want = random_file(&src, 1 << 30, 7);
+    let out = f.cp("rw", &[src.to_str().unwrap(), &f.at("/")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let j = json(&out);
+    assert_eq!(j["bytes"], 1u64 << 30);
+    assert_eq!(j["copied"][0]["sha256"], want.as_str());
+    assert_eq!(hash_file(&f.files.join("big.bin")), want);
+    assert_eq!(names(&f.files), ["big.bin"], "no partial file left");
+
+    let back = f.dir.join("back.bin");
+    let out = f.cp("ro", &[&f.at("/big.bin"), back.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["copied"][0]["sha256"], want.as_str());
+    assert_eq!(hash_file(&back), want);
+    let _ = std::fs::remove_dir_all(&f.dir);
+}
+
+/// Kills `cp` once its partial file holds a quarter of `size`.
+fn kill_when_partial(mut cmd: Command, part: &Path, size: u64) -> u64 {
+    let mut child = Kill(
+        cmd.stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let t = std::time::Instant::now();
+    loop {
+        let len = std::fs::metadata(part).map(|m| m.len()).unwrap_or(0);
+        if len >= size / 4 {
+            // SIGKILL: no chance to tidy up, like a lost machine.
+            let _ = child.0.kill();
+            let _ = child.0.wait();
+            return std::fs::metadata(part).unwrap().len();
+        }
+        assert!(
+            child.0.try_wait().unwrap().is_none(),
+            "the copy finished before it could be interrupted"
+        );
+        assert!(t.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn an_interrupted_copy_resumes_from_the_verified_prefix() {
+    let f = Fixture::start("cp-resume", None);
+    let size = 512 << 20;
+    let src = f.dir.join("src.bin");
+    let want = random_file(&src, size, 11);
+
+    // Download, killed half-way, then the same command again.
+    std::fs::copy(&src, f.files.join("down.bin")).unwrap();
+    let dest = f.dir.join("down.bin");
+    let part = f.dir.join(".down.bin.longhaul-part");
+    let args = [f.at("/down.bin"), dest.to_str().unwrap().to_string()];
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let had = kill_when_partial(f.cp_command("rw", &args), &part, size);
+    assert!(
+        !dest.exists(),
+        "an unfinished copy must not have the final name"
+    );
+    let out = f.cp("rw", &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let j = json(&out);
+    let resumed = j["resumed"].as_u64().unwrap();
+    let moved = j["transferred"].as_u64().unwrap();
+    assert!(resumed > 0 && resumed <= had, "resumed {resumed} of {had}");
+    assert_eq!(moved, size - resumed, "only the remainder is sent again");
+    assert_eq!(hash_file(&dest), want);
+    assert!(!part.exists());
+
+    // Upload, killed half-way: the server keeps the part (its session
+    // waits for a resume) and the next upload takes it over at once.
+    let part = f.files.join(".up.bin.longhaul-part");
+    let args = [src.to_str().unwrap().to_string(), f.at("/up.bin")];
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let had = kill_when_partial(f.cp_command("rw", &args), &part, size);
+    let out = f.cp("rw", &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let j = json(&out);
+    let resumed = j["resumed"].as_u64().unwrap();
+    assert!(
+        resumed > 0 && resumed <= had + (64 << 20),
+        "resumed {resumed}, had {had}"
+    );
+    assert_eq!(j["transferred"].as_u64().unwrap(), size - resumed);
+    assert_eq!(hash_file(&f.files.join("up.bin")), want);
+    assert_eq!(names(&f.files), ["down.bin", "up.bin"]);
+
+    // A partial file that does not match the source is not trusted.
+    std::fs::write(&part, vec![0u8; 4 << 20]).unwrap();
+    let out = f.cp("rw", &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["resumed"], 0);
+    assert_eq!(hash_file(&f.files.join("up.bin")), want);
+    let _ = std::fs::remove_dir_all(&f.dir);
+}
+
+#[test]
+fn keys_get_only_the_access_they_are_given() {
+    let f = Fixture::start("cp-access", None);
+    let src = f.dir.join("a.txt");
+    std::fs::write(&src, b"hello").unwrap();
+    std::fs::write(f.files.join("there.txt"), b"there").unwrap();
+
+    let out = f.cp("ro", &[src.to_str().unwrap(), &f.at("/a.txt")]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("read-only"), "{}", stderr(&out));
+    assert_eq!(
+        names(&f.files),
+        ["there.txt"],
+        "nothing written, not even a part"
+    );
+
+    let out = f.cp(
+        "none",
+        &[&f.at("/there.txt"), f.dir.join("x").to_str().unwrap()],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("no file access"), "{}", stderr(&out));
+
+    let got = f.dir.join("got.txt");
+    let out = f.cp("ro", &[&f.at("/there.txt"), got.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&got).unwrap(), b"there");
+    assert!(
+        f.server_log().contains("read-only access"),
+        "refusal logged"
+    );
+    let _ = std::fs::remove_dir_all(&f.dir);
+}
+
+#[test]
+fn folders_copy_with_r_and_not_without() {
+    let f = Fixture::start("cp-tree", None);
+    let tree = f.dir.join("tree");
+    std::fs::create_dir_all(tree.join("sub/deeper")).unwrap();
+    std::fs::create_dir_all(tree.join("empty")).unwrap();
+    let mut want = vec![];
+    for (i, p) in ["a.bin", "sub/b.bin", "sub/deeper/c.bin"]
+        .iter()
+        .enumerate()
+    {
+        want.push((
+            p,
+            random_file(&tree.join(p), 1000 + i as u64 * 70_000, i as u64),
+        ));
+    }
+    let out = f.cp("rw", &[tree.to_str().unwrap(), &f.at("/")]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("-r"), "{}", stderr(&out));
+
+    let out = f.cp("rw", &["-r", tree.to_str().unwrap(), &f.at("/")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["files"], 3);
+    assert!(f.files.join("tree/empty").is_dir());
+
+    let back = f.dir.join("back");
+    std::fs::create_dir(&back).unwrap();
+    let out = f.cp("rw", &["-r", &f.at("/tree"), back.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for (p, h) in &want {
+        assert_eq!(&hash_file(&back.join("tree").join(p)), h, "{p}");
+    }
+    assert!(back.join("tree/empty").is_dir());
+    let _ = std::fs::remove_dir_all(&f.dir);
+}
+
+/// Rewrites the first byte of `path` every few milliseconds until `stop`.
+fn keep_touching(
+    path: PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let mut b = 0u8;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            b = b.wrapping_add(1);
+            f.write_all_at(&[b], 0).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    })
+}
+
+#[test]
+fn a_file_changing_while_read_is_reported_not_copied_torn() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let f = Fixture::start("cp-torn", None);
+    let src = f.dir.join("live.bin");
+    random_file(&src, 256 << 20, 3);
+    std::fs::copy(&src, f.files.join("live.bin")).unwrap();
+
+    // Upload: the client reads a file that changes.
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let t = keep_touching(src.clone(), stop.clone());
+    let out = f.cp("rw", &[src.to_str().unwrap(), &f.at("/up.bin")]);
+    stop.store(true, Ordering::Relaxed);
+    t.join().unwrap();
+    assert!(!out.status.success(), "a torn copy was accepted");
+    assert!(
+        stderr(&out).contains("changed while being read"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(names(&f.files), ["live.bin"], "no up.bin, no part");
+
+    // Download: the server reads a file that changes.
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let t = keep_touching(f.files.join("live.bin"), stop.clone());
+    let dest = f.dir.join("down.bin");
+    let out = f.cp("rw", &[&f.at("/live.bin"), dest.to_str().unwrap()]);
+    stop.store(true, Ordering::Relaxed);
+    t.join().unwrap();
+    assert!(!out.status.success(), "a torn copy was accepted");
+    assert!(
+        stderr(&out).contains("changed while being read"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!dest.exists());
+    assert!(!f.dir.join(".down.bin.longhaul-part").exists());
+    let _ = std::fs::remove_dir_all(&f.dir);
+}
+
+/// A tmpfs of `size` at a fresh directory (root only), unmounted on drop.
+struct SmallTmpfs(PathBuf);
+
+impl SmallTmpfs {
+    fn mount(dir: PathBuf, size: &str) -> Option<SmallTmpfs> {
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(SmallTmpfs(dir))
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_is_a_clear_error_and_leaves_no_file() {
+    let base = tmpdir("cp-full");
+    let Some(full) = SmallTmpfs::mount(base.join("small"), "32m") else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI runs as root: mount must work"
+        );
+        return eprintln!("skipping: cannot mount a tmpfs (not root?)");
+    };
+    let f = Fixture::start("cp-full-srv", Some(full.0.clone()));
+    let src = f.dir.join("big.bin");
+    random_file(&src, 64 << 20, 5);
+
+    // The server's disk fills.
+    let out = f.cp("rw", &[src.to_str().unwrap(), &f.at("/big.bin")]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(
+        names(&full.0).is_empty(),
+        "left behind: {:?}",
+        names(&full.0)
+    );
+
+    // The client's disk fills.
+    std::fs::remove_dir_all(&f.files).ok();
+    drop(f);
+    let f = Fixture::start("cp-full-cl", None);
+    std::fs::copy(&src, f.files.join("big.bin")).unwrap();
+    let out = f.cp(
+        "rw",
+        &[&f.at("/big.bin"), full.0.join("big.bin").to_str().unwrap()],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("No space left on device"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        names(&full.0).is_empty(),
+        "left behind: {:?}",
+        names(&full.0)
+    );
+    drop(full);
+    let _ = std::fs::remove_dir_all(&f.dir);
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn bad_cp_arguments_get_one_line() {
+    for (args, want) in [
+        (vec!["a", "b"], "no side is remote"),
+        (
+            vec!["127.0.0.1:1:/a", "127.0.0.1:1:/b"],
+            "both sides are remote",
+        ),
+        (vec!["a", "127.0.0.1:1:/../x"], "'..' is refused"),
+    ] {
+        let out = Command::new(BIN).arg("cp").args(&args).output().unwrap();
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+}
