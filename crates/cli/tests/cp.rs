@@ -34,6 +34,11 @@ fn keygen(path: &Path) -> String {
 
 impl Fixture {
     fn start(name: &str, files: Option<PathBuf>) -> Fixture {
+        Fixture::start_with(name, files, &[])
+    }
+
+    /// With more `--listen` URLs beside TLS on loopback.
+    fn start_with(name: &str, files: Option<PathBuf>, listen: &[String]) -> Fixture {
         let dir = tmpdir(name);
         let files = files.unwrap_or_else(|| {
             let f = dir.join("served");
@@ -51,18 +56,26 @@ impl Fixture {
         .unwrap();
         let port = free_port();
         let log = dir.join("server.log");
+        let mut more = vec![];
+        for l in listen {
+            more.extend(["--listen", l.as_str()]);
+        }
         let server = spawn_logged(
             &[
-                "server",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--key",
-                dir.join("server.key").to_str().unwrap(),
-                "--authorized-keys",
-                dir.join("authorized_keys").to_str().unwrap(),
-                "--files",
-                files.to_str().unwrap(),
-            ],
+                &[
+                    "server",
+                    "--listen",
+                    &format!("127.0.0.1:{port}"),
+                    "--key",
+                    dir.join("server.key").to_str().unwrap(),
+                    "--authorized-keys",
+                    dir.join("authorized_keys").to_str().unwrap(),
+                    "--files",
+                    files.to_str().unwrap(),
+                ],
+                &more[..],
+            ]
+            .concat(),
             &log,
         );
         wait_port(port);
@@ -472,4 +485,105 @@ fn bad_cp_arguments_get_one_line() {
         assert!(err.contains(want), "{args:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
+}
+
+#[test]
+fn cp_works_over_every_carrier() {
+    let ws_port = free_port();
+    let base = tmpdir("cp-carriers");
+    let share = base.join("share");
+    std::fs::create_dir_all(&share).unwrap();
+    let f = Fixture::start_with(
+        "cp-carriers-srv",
+        None,
+        &[
+            format!("ws://127.0.0.1:{ws_port}/lh"),
+            format!("dir://{}", share.display()),
+        ],
+    );
+    wait_port(ws_port);
+    let src = f.dir.join("src.bin");
+    let want = random_file(&src, 24 << 20, 9);
+    for (server, name) in [
+        (
+            format!("tls://127.0.0.1:{}?stripes=3", f.port),
+            "striped.bin",
+        ),
+        (format!("ws://127.0.0.1:{ws_port}/lh"), "ws.bin"),
+        (format!("dir://{}", share.display()), "folder.bin"),
+    ] {
+        let out = f.cp("rw", &[src.to_str().unwrap(), &format!("{server}:/{name}")]);
+        assert!(out.status.success(), "{server}: {}", stderr(&out));
+        assert_eq!(hash_file(&f.files.join(name)), want, "{server}");
+        let back = f.dir.join(format!("back-{name}"));
+        let out = f.cp(
+            "ro",
+            &[&format!("{server}:/{name}"), back.to_str().unwrap()],
+        );
+        assert!(out.status.success(), "{server}: {}", stderr(&out));
+        assert_eq!(hash_file(&back), want, "{server}");
+    }
+    let _ = std::fs::remove_dir_all(&f.dir);
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn path_escapes_are_refused_and_logged() {
+    use longhaul_files::client::{Counters, Remote};
+    let f = Fixture::start("cp-escape", None);
+    std::fs::write(f.dir.join("secret.txt"), b"secret").unwrap();
+    std::fs::write(f.files.join("inside.txt"), b"inside").unwrap();
+    std::os::unix::fs::symlink(&f.dir, f.files.join("out")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", f.files.join("abs")).unwrap();
+    std::os::unix::fs::symlink("inside.txt", f.files.join("in")).unwrap();
+
+    // A client that sends whatever paths it likes (the cp command itself
+    // refuses '..' before sending).
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut cfg =
+        longhaul_forward::ClientConfig::new(format!("127.0.0.1:{}", f.port).parse().unwrap());
+    cfg.identity = Some(longhaul_carrier::Identity::load(&f.dir.join("rw.key")).unwrap());
+    cfg.pin = Some(f.fp.parse().unwrap());
+    let client = std::sync::Arc::new(rt.block_on(longhaul_forward::Client::start(cfg)).unwrap());
+    let c = client.clone();
+    let remote = Remote {
+        runtime: rt.handle().clone(),
+        session: std::sync::Arc::new(move || c.session()),
+    };
+    let mut conn = remote.connect().unwrap();
+    let counters = Counters::default();
+    let dest = f.dir.join("got");
+    let err = |r: anyhow::Result<()>| format!("{:#}", r.unwrap_err());
+
+    assert!(err(conn.stat(b"../secret.txt").map(drop)).contains("'..' is refused"));
+    assert!(err(conn.stat(b"/etc/passwd").map(drop)).contains("absolute paths are refused"));
+    assert!(err(conn.get(b"out/secret.txt", &dest, &counters).map(drop)).contains("leads out"));
+    assert!(err(conn.get(b"abs", &dest, &counters).map(drop)).contains("leads out"));
+    let src = f.dir.join("secret.txt");
+    assert!(err(conn
+        .put(&src, b"out/planted.txt", false, &counters)
+        .map(drop))
+    .contains("leads out"));
+    assert!(err(conn
+        .put(&src, b"sub/../../planted.txt", true, &counters)
+        .map(drop))
+    .contains("'..' is refused"));
+    assert!(!f.dir.join("planted.txt").exists());
+    assert!(!dest.exists());
+
+    // What stays inside works, on the same stream.
+    let listed: Vec<String> = conn
+        .list(b"")
+        .unwrap()
+        .iter()
+        .map(|e| String::from_utf8_lossy(&e.path).into_owned())
+        .collect();
+    assert_eq!(listed, ["inside.txt"], "symbolic links are not listed");
+    conn.get(b"in", &dest, &counters).unwrap();
+    assert_eq!(std::fs::read(&dest).unwrap(), b"inside");
+
+    client.stop("done");
+    let log = f.server_log();
+    assert!(log.matches("file request refused").count() >= 6, "{log}");
+    let _ = std::fs::remove_dir_all(&f.dir);
 }
