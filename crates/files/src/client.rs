@@ -180,12 +180,13 @@ impl Conn {
         }
     }
 
-    /// Uploads `src` to the remote `dest`.
+    /// Uploads `src` to the remote `dest` (into it under the name `into`
+    /// if it is a folder and `into` is not empty).
     pub fn put(
         &mut self,
         src: &Path,
         dest: &[u8],
-        parents: bool,
+        into: &[u8],
         c: &Counters,
     ) -> anyhow::Result<Copied> {
         let file = File::open(src).with_context(|| format!("cannot open {}", src.display()))?;
@@ -195,7 +196,7 @@ impl Conn {
             path: dest.to_vec(),
             size: version.size,
             mode,
-            parents,
+            into: into.to_vec(),
         })?;
         let have = wire::read_u64(&mut self.input).map_err(lost)?;
         let have_hash = wire::read_hash(&mut self.input).map_err(lost)?;

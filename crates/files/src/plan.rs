@@ -49,6 +49,8 @@ pub enum Task {
     Put {
         src: PathBuf,
         dest: Vec<u8>,
+        /// If `dest` is a folder, the name in it (empty: `dest` is the file).
+        into: Vec<u8>,
         size: u64,
     },
     Get {
@@ -96,6 +98,24 @@ pub fn plan_upload(
     recursive: bool,
 ) -> anyhow::Result<Vec<Task>> {
     let dest_rel = rel(dest)?;
+    // One file: the server puts it in the folder if `dest` is one, and
+    // the data starts a round trip sooner.
+    if let [src] = sources {
+        let meta = std::fs::metadata(src).with_context(|| format!("{}", src.display()))?;
+        if meta.is_file() {
+            let name = local_name(src)?;
+            let (dest, into) = match dest.ends_with('/') || dest_rel.is_empty() {
+                true => (join(&dest_rel, &name), vec![]),
+                false => (dest_rel, name),
+            };
+            return Ok(vec![Task::Put {
+                src: src.clone(),
+                dest,
+                into,
+                size: meta.len(),
+            }]);
+        }
+    }
     let (kind, _) = conn.stat(&dest_rel)?;
     let into = kind == Kind::Dir;
     if !into {
@@ -117,6 +137,7 @@ pub fn plan_upload(
             tasks.push(Task::Put {
                 src: src.clone(),
                 dest: target,
+                into: vec![],
                 size: meta.len(),
             });
         } else if meta.is_dir() {
@@ -154,6 +175,7 @@ fn walk_local(
                 size: e.metadata()?.len(),
                 src: path,
                 dest: target,
+                into: vec![],
             });
         } else {
             tracing::warn!("skipping {} (not a file or folder)", path.display());
@@ -245,7 +267,9 @@ pub fn run(
             let (r, c) = match c {
                 Ok(mut c) => {
                     let r = match &task {
-                        Task::Put { src, dest, .. } => c.put(src, dest, false, counters),
+                        Task::Put {
+                            src, dest, into, ..
+                        } => c.put(src, dest, into, counters),
                         Task::Get { src, dest, .. } => c.get(src, dest, counters),
                     };
                     (r, Some(c))

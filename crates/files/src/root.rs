@@ -75,6 +75,15 @@ impl RelPath {
         Ok(RelPath(parts))
     }
 
+    /// This path with one more component, checked like the rest.
+    pub fn join(&self, name: &[u8]) -> Result<RelPath, Refusal> {
+        let more = RelPath::parse(name)?;
+        if more.0.len() != 1 {
+            return Err(Refusal::Other("a file name must be one component".into()));
+        }
+        Ok(RelPath([self.0.clone(), more.0].concat()))
+    }
+
     pub fn components(&self) -> &[Vec<u8>] {
         &self.0
     }

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use crate::root::{part_name, Refusal, RelPath, Root};
 use crate::transfer::{self, receive_file, send_file, TransferError, Version};
-use crate::wire::{self, Request};
+use crate::wire::{self, Kind, Request};
 use crate::Access;
 
 /// File streams served at once (each a thread with up to 1.3 MiB of
@@ -162,13 +162,14 @@ impl FileServer {
                 have, have_hash, ..
             } => self.get(c, &rel, have, have_hash, peer),
             Request::Put {
-                size,
-                mode,
-                parents,
-                ..
+                size, mode, into, ..
             } => {
                 access.check_write()?;
-                self.put(c, &rel, size, mode, parents, peer)
+                let rel = match into.is_empty() || self.root.stat(&rel)?.0 != Kind::Dir {
+                    true => rel,
+                    false => rel.join(&into)?,
+                };
+                self.put(c, &rel, size, mode, peer)
             }
         }
     }
@@ -219,10 +220,9 @@ impl FileServer {
         rel: &RelPath,
         size: u64,
         mode: u32,
-        parents: bool,
         peer: &str,
     ) -> Result<(), Failure> {
-        let (dir, name) = self.root.parent_of(rel, parents)?;
+        let (dir, name) = self.root.parent_of(rel, false)?;
         if let Ok(st) = rustix::fs::statat(&dir, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW)
         {
             if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {

@@ -34,12 +34,14 @@ pub enum Request {
         have: u64,
         have_hash: Hash,
     },
-    /// Stores a file of `size` bytes; `parents` creates missing folders.
+    /// Stores a file of `size` bytes at `path` — or, when `path` is a
+    /// folder and `into` is not empty, in it under the name `into` (scp's
+    /// rule, without a round trip to ask first).
     Put {
         path: Vec<u8>,
         size: u64,
         mode: u32,
-        parents: bool,
+        into: Vec<u8>,
     },
     /// Every file and folder under the path.
     List { path: Vec<u8> },
@@ -83,14 +85,11 @@ impl Request {
                 b.extend_from_slice(have_hash);
             }
             Request::Put {
-                size,
-                mode,
-                parents,
-                ..
+                size, mode, into, ..
             } => {
                 b.extend_from_slice(&size.to_be_bytes());
                 b.extend_from_slice(&mode.to_be_bytes());
-                b.push(*parents as u8);
+                put_bytes(&mut b, into);
             }
             _ => {}
         }
@@ -120,7 +119,7 @@ impl Request {
                 path,
                 size: read_u64(r)?,
                 mode: read_u32(r)?,
-                parents: read_u8(r)? != 0,
+                into: read_bytes(r, MAX_PATH)?,
             },
             OP_LIST => Request::List { path },
             OP_MKDIR => Request::Mkdir { path },
@@ -279,7 +278,7 @@ mod tests {
                 path: b"x/y".to_vec(),
                 size: 1 << 40,
                 mode: 0o755,
-                parents: true,
+                into: b"f.iso".to_vec(),
             },
             Request::List { path: vec![] },
             Request::Mkdir {
@@ -322,7 +321,7 @@ mod tests {
 
         #[test]
         fn any_prefix_of_a_request_is_an_error(cut in 1usize..40) {
-            let b = Request::Put { path: b"some/path".to_vec(), size: 1, mode: 0, parents: false }.encode();
+            let b = Request::Put { path: b"some/path".to_vec(), size: 1, mode: 0, into: vec![] }.encode();
             let cut = cut.min(b.len() - 1);
             prop_assert!(Request::read(&mut &b[..cut]).is_err());
         }
