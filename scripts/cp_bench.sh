@@ -44,7 +44,7 @@ Subsystem sftp /usr/lib/openssh/sftp-server
 CFG
 "${B[@]}" /usr/sbin/sshd -D -e -f "$k/sshd_config" 2>"$work/sshd.log" & pids+=($!)
 "${B[@]}" "$LH" -q server --listen tls://198.18.0.2:7000 --key "$k/s.key" \
-  --authorized-keys "$k/ak" --files "$work/dest" & pids+=($!)
+  --authorized-keys "$k/ak" --files "$work/dest" ${SRV_OPTS:-} & pids+=($!)
 head -c "$(numfmt --from=iec "${size^^}")" /dev/urandom > "$work/src.bin"
 bytes=$(stat -c %s "$work/src.bin")
 sleep 1
@@ -72,7 +72,7 @@ for r in $(seq "$rounds"); do
     line+="| $(run rsync -e "ssh $OPTS" "$work/src.bin" root@198.18.0.2:"$work/dest/") "
   fi
   for s in ${stripes//,/ }; do
-    line+="| $(run "$LH" -q cp --json --key "$k/c.key" --pin "$pin" "$work/src.bin" "tls://198.18.0.2:7000?stripes=$s:/") "
+    line+="| $(run "$LH" -q cp ${CP_OPTS:-} --json --key "$k/c.key" --pin "$pin" "$work/src.bin" "tls://198.18.0.2:7000?stripes=$s:/") "
   done
   echo "$line|"
 done

@@ -9,7 +9,6 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::*;
-use sha2::{Digest, Sha256};
 
 /// A server offering `files` to three keys: one read-write, one read-only,
 /// one with no file access.
@@ -126,10 +125,10 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Writes `size` pseudo-random bytes; returns their SHA-256 (hex).
+/// Writes `size` pseudo-random bytes; returns their BLAKE3 hash (hex).
 fn random_file(path: &Path, size: u64, seed: u64) -> String {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    let mut h = Sha256::new();
+    let mut h = blake3::Hasher::new();
     let mut x = seed | 1;
     let mut block = vec![0u8; 1 << 20];
     let mut left = size;
@@ -146,18 +145,14 @@ fn random_file(path: &Path, size: u64, seed: u64) -> String {
         left -= n as u64;
     }
     f.flush().unwrap();
-    hex(&h.finalize())
+    h.finalize().to_hex().to_string()
 }
 
 fn hash_file(path: &Path) -> String {
-    let mut h = Sha256::new();
+    let mut h = blake3::Hasher::new();
     let mut f = std::fs::File::open(path).unwrap();
     std::io::copy(&mut f, &mut h).unwrap();
-    hex(&h.finalize())
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    h.finalize().to_hex().to_string()
 }
 
 fn names(dir: &Path) -> Vec<String> {
@@ -178,14 +173,14 @@ fn a_gibibyte_goes_both_ways_intact() {
     assert!(out.status.success(), "{}", stderr(&out));
     let j = json(&out);
     assert_eq!(j["bytes"], 1u64 << 30);
-    assert_eq!(j["copied"][0]["sha256"], want.as_str());
+    assert_eq!(j["copied"][0]["blake3"], want.as_str());
     assert_eq!(hash_file(&f.files.join("big.bin")), want);
     assert_eq!(names(&f.files), ["big.bin"], "no partial file left");
 
     let back = f.dir.join("back.bin");
     let out = f.cp("ro", &[&f.at("/big.bin"), back.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(json(&out)["copied"][0]["sha256"], want.as_str());
+    assert_eq!(json(&out)["copied"][0]["blake3"], want.as_str());
     assert_eq!(hash_file(&back), want);
     let _ = std::fs::remove_dir_all(&f.dir);
 }

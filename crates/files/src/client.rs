@@ -13,7 +13,8 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context};
 use longhaul_session::{LocalStream, SessionHandle};
 use rustix::fs::FlockOperation;
-use sha2::{Digest, Sha256};
+
+use blake3::Hasher;
 
 use crate::root::{part_name, RelPath};
 use crate::transfer::{self, receive_file, send_file, TransferError, Version};
@@ -65,7 +66,7 @@ pub struct Copied {
     pub size: u64,
     /// Where this run started (bytes already there and verified).
     pub from: u64,
-    pub sha256: String,
+    pub blake3: String,
 }
 
 /// One stream to the file service.
@@ -129,7 +130,7 @@ impl Conn {
         let part = part_path(dest)?;
         let file = open_part(&part)?;
         let have = file.metadata()?.len();
-        let mut hasher = Sha256::new();
+        let mut hasher = Hasher::new();
         let mut have_hash = transfer::digest(&hasher);
         if have > 0 {
             let scratch = AtomicU64::new(0);
@@ -138,7 +139,7 @@ impl Conn {
                     have_hash = transfer::digest(&h);
                     hasher = h;
                 }
-                None => hasher = Sha256::new(),
+                None => hasher = Hasher::new(),
             }
         }
         self.request(&Request::Get {
@@ -153,7 +154,7 @@ impl Conn {
             bail!("the server answered a bad start offset");
         }
         if start == 0 {
-            hasher = Sha256::new();
+            hasher = Hasher::new();
         }
         file.set_len(start)?;
         c.resumed.fetch_add(start, Ordering::Relaxed);
@@ -168,7 +169,7 @@ impl Conn {
                     path: dest.display().to_string(),
                     size,
                     from: start,
-                    sha256: transfer::hex(&hash),
+                    blake3: transfer::hex(&hash),
                 })
             }
             Err(TransferError::Stream(e)) => Err(lost(e)),
@@ -202,12 +203,12 @@ impl Conn {
         let have_hash = wire::read_hash(&mut self.input).map_err(lost)?;
         let scratch = AtomicU64::new(0);
         let (start, hasher) = match have {
-            0 => (0, Sha256::new()),
+            0 => (0, Hasher::new()),
             n if n <= version.size => match transfer::hash_prefix(&file, n, &scratch)? {
                 Some(h) if transfer::digest(&h) == have_hash => (n, h),
-                _ => (0, Sha256::new()),
+                _ => (0, Hasher::new()),
             },
-            _ => (0, Sha256::new()),
+            _ => (0, Hasher::new()),
         };
         c.resumed.fetch_add(start, Ordering::Relaxed);
         // Sends on a thread of its own while this one waits for the answer:
@@ -245,7 +246,7 @@ impl Conn {
             path: src.display().to_string(),
             size: version.size,
             from: start,
-            sha256: transfer::hex(&hash),
+            blake3: transfer::hex(&hash),
         })
     }
 }

@@ -6,7 +6,7 @@
 //! read-write per client ([`Access`]). Every path is resolved beneath that
 //! folder by the kernel ([`root`]). Contents go in blocks chosen by the
 //! sender with no per-block round trip — the session's windows keep the
-//! path full — and are hashed (SHA-256) on both sides ([`transfer`]). The
+//! path full — and are hashed (BLAKE3) on both sides ([`transfer`]). The
 //! receiver writes to a partial file and renames it only once the hashes
 //! agree; a copy that was interrupted continues from the part whose hash
 //! both sides agree on ([`client`]). The wire format is in [`wire`].

@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use longhaul_session::LocalStream;
 use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
-use sha2::{Digest, Sha256};
+
+use blake3::Hasher;
 
 use crate::root::{part_name, Refusal, RelPath, Root};
 use crate::transfer::{self, receive_file, send_file, TransferError, Version};
@@ -186,14 +187,14 @@ impl FileServer {
         let version = Version::of(&file).map_err(other)?;
         let none = AtomicU64::new(0);
         let (start, hasher) = match have {
-            0 => (0, Sha256::new()),
+            0 => (0, Hasher::new()),
             n if n <= version.size => {
                 match transfer::hash_prefix(&file, n, &none).map_err(other)? {
                     Some(h) if transfer::digest(&h) == have_hash => (n, h),
-                    _ => (0, Sha256::new()),
+                    _ => (0, Hasher::new()),
                 }
             }
-            _ => (0, Sha256::new()),
+            _ => (0, Hasher::new()),
         };
         let mut b = vec![0];
         b.extend_from_slice(&version.size.to_be_bytes());
@@ -243,7 +244,7 @@ impl FileServer {
         let file = File::from(fd);
         let mut have = file.metadata().map_err(other)?.len();
         let none = AtomicU64::new(0);
-        let mut hasher = Sha256::new();
+        let mut hasher = Hasher::new();
         if have > size {
             have = 0;
         } else if have > 0 {
@@ -261,7 +262,7 @@ impl FileServer {
             return Err(Failure::Ended("protocol error: bad start offset".into()));
         }
         if start == 0 {
-            hasher = Sha256::new();
+            hasher = Hasher::new();
         }
         file.set_len(start).map_err(other)?;
         let remove = || {

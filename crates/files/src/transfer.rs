@@ -7,7 +7,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sha2::{Digest, Sha256};
+use blake3::Hasher;
 
 use crate::wire::{self, Hash, WireError, MAX_BLOCK};
 
@@ -38,8 +38,8 @@ pub enum TransferError {
 
 /// Hashes the first `len` bytes of `file` (a resume's prefix) into a new
 /// hasher; `None` if the file is shorter.
-pub fn hash_prefix(file: &File, len: u64, done: &AtomicU64) -> io::Result<Option<Sha256>> {
-    let mut h = Sha256::new();
+pub fn hash_prefix(file: &File, len: u64, done: &AtomicU64) -> io::Result<Option<Hasher>> {
+    let mut h = Hasher::new();
     let mut buf = vec![0u8; SEND_BLOCK];
     let mut at = 0u64;
     while at < len {
@@ -55,8 +55,8 @@ pub fn hash_prefix(file: &File, len: u64, done: &AtomicU64) -> io::Result<Option
     Ok(Some(h))
 }
 
-pub fn digest(h: &Sha256) -> Hash {
-    h.clone().finalize().into()
+pub fn digest(h: &Hasher) -> Hash {
+    *h.finalize().as_bytes()
 }
 
 /// A file's identity and contents version, to notice a change while it is
@@ -90,7 +90,7 @@ pub fn send_file(
     file: &File,
     start: u64,
     version: Version,
-    mut hasher: Sha256,
+    mut hasher: Hasher,
     sent: &AtomicU64,
 ) -> Result<Hash, TransferError> {
     let mut buf = vec![0u8; 4 + SEND_BLOCK];
@@ -153,7 +153,7 @@ pub fn receive_file(
     file: &File,
     start: u64,
     size: u64,
-    mut hasher: Sha256,
+    mut hasher: Hasher,
     received: &AtomicU64,
 ) -> Result<Hash, TransferError> {
     let mut buf = Vec::new();
@@ -193,7 +193,7 @@ pub fn receive_file(
     let ours = digest(&hasher);
     if ours != theirs {
         return Err(TransferError::Local(format!(
-            "SHA-256 mismatch: sent {}, received {}",
+            "BLAKE3 mismatch: sent {}, received {}",
             hex(&theirs),
             hex(&ours)
         )));

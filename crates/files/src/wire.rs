@@ -5,7 +5,7 @@
 //! `/`-separated) and the operation's fields; the reply starts with a
 //! status byte (0 ok, 1 error followed by a message). File contents travel
 //! in blocks (`u32` length, at most [`MAX_BLOCK`]; 0 ends them) followed by
-//! a trailer (0 and the SHA-256 of the whole file, or 1 and an error), so a
+//! a trailer (0 and the BLAKE3 hash of the whole file, or 1 and an error), so a
 //! sender that fails half-way can still say why. Integers are big-endian.
 
 use std::io::{self, Read, Write};
