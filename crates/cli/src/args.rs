@@ -31,8 +31,17 @@ pub struct Cli {
     /// other command).
     #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
     pub threads: Option<u16>,
+    /// Log lines as text (colours only on a terminal) or as JSON objects, one per line.
+    #[arg(long, global = true, value_name = "text|json", default_value = "text")]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub cmd: Cmd,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 impl Cli {

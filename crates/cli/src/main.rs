@@ -49,11 +49,17 @@ fn main() -> ExitCode {
         }
         .to_string()
     });
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+        .with_target(false);
+    match cli.log_format {
+        // Colours only for a person at a terminal, not in files and pipes.
+        args::LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        args::LogFormat::Json => logs.json().init(),
+    }
     // One thread saves the hand-offs (futex wake-ups, context switches)
     // between a stream's pump and the carrier writer: on loopback ≈ 10 %
     // less CPU per byte (docs/BENCHMARKS.md, issue 11).
