@@ -410,6 +410,9 @@ pub struct ServerArgs {
     /// What clients authenticated by --token (or anyone, with --insecure) may do in --files: ro or rw (default: nothing).
     #[arg(long, value_name = "ro|rw", requires = "files")]
     pub files_for_token: Option<longhaul_files::Access>,
+    /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9090).
+    #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
+    pub metrics: Option<SocketAddr>,
     /// Most lanes one striped session may have (clients asking more get this many).
     #[arg(long, value_name = "K", default_value = "8", value_parser = parse_stripes)]
     pub max_stripes: u8,
@@ -449,6 +452,9 @@ pub struct ClientArgs {
     /// Plain JMUX framing (no handshake), to interoperate with jetsocat jmux-proxy.
     #[arg(long)]
     pub jmux: bool,
+    /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9091).
+    #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
+    pub metrics: Option<SocketAddr>,
     /// Do not dial again when the carrier drops (the client exits instead; the default resumes the session, or starts a new one if the server lost it).
     #[arg(long)]
     pub no_reconnect: bool,

@@ -251,7 +251,11 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     cfg.auth.insecure = a.insecure;
     let open = cfg.auth.is_open();
     let key_fp = cfg.identity.as_ref().map(|i| i.fingerprint);
+    let metrics = cfg.metrics.clone();
     let server = Server::bind(cfg).await.context("server not started")?;
+    if let Some(addr) = a.metrics {
+        serve_metrics(addr, metrics).await?;
+    }
     if a.insecure {
         tracing::warn!(
             "--insecure: unencrypted listeners allowed{}",
@@ -272,6 +276,17 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
         tracing::info!("serving the folder {d}");
     }
     server.run_until(stop_signal()).await;
+    Ok(())
+}
+
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    metrics: std::sync::Arc<longhaul_forward::metrics::Metrics>,
+) -> anyhow::Result<()> {
+    let bound = longhaul_forward::metrics::serve(addr, metrics)
+        .await
+        .map_err(|e| anyhow::anyhow!("--metrics {addr}: {e}"))?;
+    tracing::info!("metrics on http://{bound}/metrics");
     Ok(())
 }
 
@@ -304,7 +319,11 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     {
         anyhow::bail!("nothing to forward: give at least one of -L, -R, -D or --http-proxy");
     }
+    let metrics = cfg.metrics.clone();
     let client = Client::start(cfg).await?;
+    if let Some(addr) = a.metrics {
+        serve_metrics(addr, metrics).await?;
+    }
     for (spec, addr) in a.local.iter().zip(&client.local_addrs) {
         tracing::info!("forwarding {addr} -> {}:{}", spec.host, spec.host_port);
     }

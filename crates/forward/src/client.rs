@@ -51,6 +51,8 @@ pub struct ClientConfig {
     /// Local addresses the lanes of a striped session leave from, in turn
     /// (bonding uplinks; empty: the system chooses).
     pub via: Vec<std::net::IpAddr>,
+    /// What the client counts (shown with `--metrics`).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl ClientConfig {
@@ -71,6 +73,7 @@ impl ClientConfig {
             reconnect: true,
             tls_sessions: Default::default(),
             via: Vec::new(),
+            metrics: crate::metrics::Metrics::new(),
         }
     }
 
@@ -278,6 +281,26 @@ fn listen(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
     bind_listener(addr).with_context(|| format!("cannot listen on {addr} for {what}"))
 }
 
+/// Keeps the session in use counted, through replacements.
+async fn track_sessions(
+    metrics: Arc<crate::metrics::Metrics>,
+    mut current: watch::Receiver<SessionHandle>,
+    server: String,
+) {
+    loop {
+        let h = current.borrow_and_update().clone();
+        let tracked = metrics.track(&server, &h);
+        let replaced = tokio::select! {
+            r = current.changed() => r.is_ok(),
+            _ = h.closed() => false,
+        };
+        drop(tracked);
+        if !replaced && current.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// How long a new local connection waits for a session to exist.
 const OPEN_WAIT: Duration = Duration::from_secs(30);
 
@@ -333,6 +356,11 @@ impl Client {
         let (ended_tx, ended) = watch::channel(None);
         let (stop, stop_rx) = watch::channel(false);
         let demand = Arc::new(tokio::sync::Notify::new());
+        tokio::spawn(track_sessions(
+            config.metrics.clone(),
+            current.clone(),
+            config.server.to_string(),
+        ));
         for (lst, kind) in listeners {
             tokio::spawn(accept_loop(
                 lst,

@@ -15,6 +15,7 @@ pub mod client;
 pub mod connect;
 pub mod http_connect;
 pub mod known_hosts;
+pub mod metrics;
 mod reconnect;
 pub mod rules;
 pub mod server;

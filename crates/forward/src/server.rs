@@ -20,6 +20,7 @@ use tokio::sync::Semaphore;
 
 use crate::auth::{read_preamble, Authenticated, ServerAuth};
 use crate::connect::{allowed_addrs, connect_any, target};
+use crate::metrics::{Metrics, Refusal};
 use crate::rules::{BindRules, Rules};
 use crate::spec::loopback;
 use longhaul_files::serve::FileServer;
@@ -48,6 +49,8 @@ pub struct ServerConfig {
     /// What clients authenticated by token (or anyone, with `--insecure`)
     /// may do there; keys say it in authorized_keys.
     pub files_without_key: Option<Access>,
+    /// What the server counts (shown with `--metrics`).
+    pub metrics: Arc<Metrics>,
 }
 
 impl Default for ServerConfig {
@@ -65,6 +68,7 @@ impl Default for ServerConfig {
             congestion: None,
             files: None,
             files_without_key: None,
+            metrics: Metrics::new(),
         }
     }
 }
@@ -130,6 +134,7 @@ struct ServerAcceptor {
     key_bind_rules: Option<BindRules>,
     /// The file service and what this client may do in it.
     files: Option<(Arc<FileServer>, Access)>,
+    metrics: Arc<Metrics>,
     peer: String,
 }
 
@@ -145,6 +150,7 @@ impl ServerAcceptor {
             key_rules,
             key_bind_rules,
             files: config.files.clone().zip(files),
+            metrics: config.metrics.clone(),
             peer,
         }
     }
@@ -155,12 +161,14 @@ impl Acceptor for ServerAcceptor {
         let rules = self.rules.clone();
         let key_rules = self.key_rules.clone();
         let peer = self.peer.clone();
+        let metrics = self.metrics.clone();
         if dest == longhaul_files::SERVICE {
             let r = match &self.files {
                 Some((server, access)) => server
                     .accept(*access, peer.clone())
                     .map_err(|e| OpenRefused::new(Reason::GENERAL_FAILURE, e)),
                 None => {
+                    self.metrics.refused(Refusal::FilesNotAllowed);
                     tracing::warn!(%peer, "refused the file service: no --files folder, or no files= access for this client");
                     Err(OpenRefused::new(
                         Reason::NOT_ALLOWED,
@@ -177,6 +185,9 @@ impl Acceptor for ServerAcceptor {
             let addrs = match allowed_addrs(&sets, &host, port).await {
                 Ok(a) => a,
                 Err(e) => {
+                    if e.reason == Reason::NOT_ALLOWED {
+                        metrics.refused(Refusal::TargetNotAllowed);
+                    }
                     tracing::warn!(%peer, %dest, "refused: {e}");
                     return Err(e);
                 }
@@ -194,6 +205,7 @@ impl Acceptor for ServerAcceptor {
         let bind_rules = self.bind_rules.clone();
         let key_bind_rules = self.key_bind_rules.clone();
         let peer = self.peer.clone();
+        let metrics = self.metrics.clone();
         Box::pin(async move {
             let addr: SocketAddr = match bind.parse() {
                 Ok(a) => a,
@@ -216,6 +228,7 @@ impl Acceptor for ServerAcceptor {
                 .as_ref()
                 .is_none_or(|r| r.allows(addr.ip(), addr.port()));
             if !key_ok || !bind_rules.allows(addr.ip(), addr.port()) {
+                metrics.refused(Refusal::BindNotAllowed);
                 tracing::warn!(%peer, %bind, "refused reverse bind: not allowed (see --allow-bind)");
                 return Err(OpenRefused::new(
                     Reason::NOT_ALLOWED,
@@ -427,6 +440,7 @@ impl Serving {
     fn slot(&self, from: &dyn std::fmt::Display) -> Option<tokio::sync::OwnedSemaphorePermit> {
         let permit = self.slots.clone().try_acquire_owned().ok();
         if permit.is_none() {
+            self.config.metrics.refused(Refusal::SessionLimit);
             tracing::warn!(%from, limit = self.config.max_sessions, "refusing carrier: session limit reached (--max-sessions)");
         }
         permit
@@ -444,9 +458,13 @@ impl Serving {
         let limit = self.config.session.handshake_timeout;
         let (carrier, key) = match tokio::time::timeout(limit, setup).await {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => return tracing::warn!(%from, "refused carrier: handshake failed: {e}"),
+            Ok(Err(e)) => {
+                self.config.metrics.refused(Refusal::Handshake);
+                return tracing::warn!(%from, "refused carrier: handshake failed: {e}");
+            }
             Err(_) => {
-                return tracing::warn!(%from, "refused carrier: handshake not finished within {limit:?}")
+                self.config.metrics.refused(Refusal::Handshake);
+                return tracing::warn!(%from, "refused carrier: handshake not finished within {limit:?}");
             }
         };
         let served = serve_carrier(
@@ -531,11 +549,15 @@ async fn serve_carrier(
         let limit = config.session.handshake_timeout;
         match tokio::time::timeout(limit, read_preamble(&mut carrier.reader)).await {
             Ok(Ok(t)) => Some(t),
-            Ok(Err(e)) => return Err(format!("refused carrier: {e}")),
+            Ok(Err(e)) => {
+                config.metrics.refused(Refusal::Handshake);
+                return Err(format!("refused carrier: {e}"));
+            }
             Err(_) => {
+                config.metrics.refused(Refusal::Handshake);
                 return Err(format!(
                     "refused carrier: no authentication within {limit:?}"
-                ))
+                ));
             }
         }
     } else {
@@ -544,10 +566,10 @@ async fn serve_carrier(
     let who = if trusted {
         Authenticated::Anonymous
     } else {
-        config
-            .auth
-            .decide(key, token.as_deref())
-            .map_err(|e| format!("refused carrier: not authenticated: {e}"))?
+        config.auth.decide(key, token.as_deref()).map_err(|e| {
+            config.metrics.refused(Refusal::NotAuthenticated);
+            format!("refused carrier: not authenticated: {e}")
+        })?
     };
     let acceptor = Arc::new(ServerAcceptor::new(&config, &who, from.clone()));
     // A resume must come from the same identity as the session's start:
@@ -570,6 +592,7 @@ async fn serve_carrier(
         Ok(Served::New(h)) => {
             tracing::info!(%from, who = %who.who(), resumable = h.is_resumable(), "session started");
             let id = live.map(|l| l.add(h.clone()));
+            let _tracked = config.metrics.track(&from, &h);
             // A detached session keeps this task, and so its slot under
             // --max-sessions, until it ends.
             let why = h.closed().await;

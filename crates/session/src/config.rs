@@ -190,4 +190,11 @@ pub struct SessionStats {
     pub replayed: u64,
     /// Bytes held in the replay buffer now.
     pub replay_held: usize,
+    /// Times a stream had data to send and had to wait for the peer's
+    /// credit (its window was full).
+    pub window_stalls: u64,
+    /// Since the session started.
+    pub age: Duration,
+    /// Waiting for a carrier (a resume).
+    pub detached: bool,
 }

@@ -356,6 +356,12 @@ impl SessionHandle {
             resumes: self.shared.link().map_or(0, |l| l.resumes),
             replayed: self.shared.link().map_or(0, |l| l.replayed),
             replay_held: self.shared.link().map_or(0, |l| l.replay.held()),
+            window_stalls: self
+                .shared
+                .window_stalls
+                .load(std::sync::atomic::Ordering::Relaxed),
+            age: self.shared.started.elapsed(),
+            detached: self.is_detached(),
         }
     }
 

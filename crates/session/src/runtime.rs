@@ -135,6 +135,8 @@ pub(crate) struct Shared {
     pub acceptor: Arc<dyn Acceptor>,
     pub started: Instant,
     pub peer: String,
+    /// Times a stream had data to send and no credit from the peer.
+    pub window_stalls: std::sync::atomic::AtomicU64,
 }
 
 fn refused(r: Refused) -> OpenRefused {
@@ -178,6 +180,7 @@ impl Shared {
             config,
             acceptor,
             started: Instant::now(),
+            window_stalls: Default::default(),
             peer,
         }
     }

@@ -59,7 +59,11 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: 
         let n = loop {
             match shared.with(|m, _| m.send_room(id)) {
                 None => return,
-                Some(0) => {}
+                Some(0) => {
+                    shared
+                        .window_stalls
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 Some(n) => break n.min(UPLINK_READ),
             }
             io.up.notified().await;

@@ -1,0 +1,135 @@
+//! Operating a server: metrics scraped and checked against a known
+//! transfer.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+fn keygen(path: &Path) -> String {
+    let out = Command::new(BIN)
+        .args(["keygen", "--out"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// `GET /metrics` from `port`: the body.
+fn scrape(port: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).unwrap();
+    let (head, body) = r.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
+}
+
+fn value(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn metrics_count_a_known_transfer_and_refusals() {
+    let dir = tmpdir("ops-metrics");
+    let files = dir.join("served");
+    std::fs::create_dir_all(&files).unwrap();
+    let fp = keygen(&dir.join("server.key"));
+    let rw = keygen(&dir.join("rw.key"));
+    keygen(&dir.join("stranger.key"));
+    std::fs::write(dir.join("ak"), format!("{rw} files=rw\n")).unwrap();
+    let (port, mport) = (free_port(), free_port());
+    let _server = spawn_logged(
+        &[
+            "server",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--key",
+            dir.join("server.key").to_str().unwrap(),
+            "--authorized-keys",
+            dir.join("ak").to_str().unwrap(),
+            "--files",
+            files.to_str().unwrap(),
+            "--metrics",
+            &format!("127.0.0.1:{mport}"),
+        ],
+        &dir.join("server.log"),
+    );
+    wait_port(port);
+    wait_port(mport);
+    let before = scrape(mport);
+    assert_eq!(value(&before, "longhaul_sessions_started_total"), 0.0);
+
+    // A known transfer: 16 MiB up.
+    let size = 16u64 << 20;
+    let src = dir.join("src.bin");
+    std::fs::write(&src, vec![7u8; size as usize]).unwrap();
+    let cp = |key: &str| {
+        Command::new(BIN)
+            .args(["cp", "--key"])
+            .arg(dir.join(key))
+            .args(["--pin", &fp])
+            .arg(&src)
+            .arg(format!("127.0.0.1:{port}:/"))
+            .output()
+            .unwrap()
+    };
+    assert!(cp("rw.key").status.success());
+    // A key the server does not know.
+    assert!(!cp("stranger.key").status.success());
+
+    let m = scrape(mport);
+    let received = value(&m, "longhaul_received_bytes_total");
+    // The file, plus the requests and block headers (4 bytes per 256 KiB).
+    assert!(
+        received >= size as f64 && received < size as f64 + 4096.0,
+        "received {received} for a {size}-byte file"
+    );
+    assert_eq!(value(&m, "longhaul_sessions_started_total"), 1.0);
+    assert_eq!(value(&m, "longhaul_sessions{state=\"attached\"}"), 0.0);
+    assert_eq!(
+        value(&m, "longhaul_refused_total{reason=\"not_authenticated\"}"),
+        1.0
+    );
+
+    // Checked by a tool nobody here wrote.
+    match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(mut p) => {
+            p.stdin.take().unwrap().write_all(m.as_bytes()).unwrap();
+            let out = p.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "promtool: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Err(_) => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI installs promtool (.ci/setup)"
+            );
+            eprintln!("skipping the promtool check: not installed");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
