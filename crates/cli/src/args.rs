@@ -70,6 +70,8 @@ pub enum Cmd {
     Client(ClientArgs),
     /// Copy files to or from a server's --files folder, scp-style: verified, resumable.
     Cp(CpArgs),
+    /// Sessions and streams of the servers and clients running here (like ss for the tunnel).
+    Status(StatusArgs),
     /// Measuring kit: bench server, tput, rr.
     Bench(BenchArgs),
     /// Start a bench server, a longhaul server and client on loopback and
@@ -413,6 +415,9 @@ pub struct ServerArgs {
     /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9090).
     #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
     pub metrics: Option<SocketAddr>,
+    /// Control socket for 'longhaul status' (default: /run/longhaul/ROLE-PID.sock for root, else under $XDG_RUNTIME_DIR; 'none': no socket).
+    #[arg(long, value_name = "PATH|none")]
+    pub control: Option<std::path::PathBuf>,
     /// Most lanes one striped session may have (clients asking more get this many).
     #[arg(long, value_name = "K", default_value = "8", value_parser = parse_stripes)]
     pub max_stripes: u8,
@@ -455,6 +460,9 @@ pub struct ClientArgs {
     /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9091).
     #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
     pub metrics: Option<SocketAddr>,
+    /// Control socket for 'longhaul status' (default: /run/longhaul/ROLE-PID.sock for root, else under $XDG_RUNTIME_DIR; 'none': no socket).
+    #[arg(long, value_name = "PATH|none")]
+    pub control: Option<std::path::PathBuf>,
     /// Do not dial again when the carrier drops (the client exits instead; the default resumes the session, or starts a new one if the server lost it).
     #[arg(long)]
     pub no_reconnect: bool,
@@ -504,4 +512,13 @@ pub struct CpArgs {
     pub conn: ConnectArgs,
     #[command(flatten)]
     pub session: SessionArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// One control socket (default: every one in the default folder).
+    pub socket: Option<std::path::PathBuf>,
+    /// Print the snapshots as JSON.
+    #[arg(long)]
+    pub json: bool,
 }

@@ -96,6 +96,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Server(a) => server(a).await,
         Cmd::Client(a) => client(a).await,
         Cmd::Cp(a) => cp::run(a).await,
+        Cmd::Status(a) => status(a).await,
         Cmd::Keygen(k) => {
             let path = k
                 .out
@@ -254,8 +255,9 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     let metrics = cfg.metrics.clone();
     let server = Server::bind(cfg).await.context("server not started")?;
     if let Some(addr) = a.metrics {
-        serve_metrics(addr, metrics).await?;
+        serve_metrics(addr, metrics.clone()).await?;
     }
+    let _control = control(a.control.as_deref(), "server", metrics);
     if a.insecure {
         tracing::warn!(
             "--insecure: unencrypted listeners allowed{}",
@@ -276,6 +278,63 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
         tracing::info!("serving the folder {d}");
     }
     server.run_until(stop_signal()).await;
+    Ok(())
+}
+
+/// The control socket for `status`; a failure is a warning, not fatal.
+fn control(
+    path: Option<&std::path::Path>,
+    role: &'static str,
+    metrics: std::sync::Arc<longhaul_forward::metrics::Metrics>,
+) -> Option<longhaul_forward::status::Control> {
+    use longhaul_forward::status;
+    let path = match path {
+        Some(p) if p.as_os_str() == "none" => return None,
+        Some(p) => p.to_path_buf(),
+        None => status::default_path(role),
+    };
+    match status::serve(&path, role, metrics) {
+        Ok(c) => {
+            tracing::debug!("control socket {}", path.display());
+            Some(c)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "no control socket for 'longhaul status' at {}: {e}",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+async fn status(a: args::StatusArgs) -> anyhow::Result<()> {
+    use longhaul_forward::status;
+    let sockets = match &a.socket {
+        Some(p) => vec![p.clone()],
+        None => status::sockets(&status::default_dir()),
+    };
+    let mut all = vec![];
+    for s in &sockets {
+        match status::query(s).await {
+            Ok(v) => all.push(v),
+            // A process that ended without removing its socket.
+            Err(e) if a.socket.is_none() => tracing::debug!("{}: {e}", s.display()),
+            Err(e) => anyhow::bail!("{}: {e}", s.display()),
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+    } else if all.is_empty() {
+        println!(
+            "no longhaul server or client running here (looked in {})",
+            status::default_dir().display()
+        );
+    } else {
+        for v in &all {
+            print!("{}", status::human(v));
+        }
+    }
     Ok(())
 }
 
@@ -322,8 +381,9 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     let metrics = cfg.metrics.clone();
     let client = Client::start(cfg).await?;
     if let Some(addr) = a.metrics {
-        serve_metrics(addr, metrics).await?;
+        serve_metrics(addr, metrics.clone()).await?;
     }
+    let _control = control(a.control.as_deref(), "client", metrics);
     for (spec, addr) in a.local.iter().zip(&client.local_addrs) {
         tracing::info!("forwarding {addr} -> {}:{}", spec.host, spec.host_port);
     }
@@ -335,7 +395,7 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     }
     tokio::select! {
         why = client.wait() => anyhow::bail!("session with {} ended: {why}", a.server.url),
-        _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted"); Ok(()) }
+        _ = stop_signal() => Ok(()),
     }
 }
 

@@ -133,3 +133,87 @@ fn metrics_count_a_known_transfer_and_refusals() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn status_lists_a_live_transfer() {
+    let dir = tmpdir("ops-status");
+    let fp = keygen(&dir.join("server.key"));
+    let ck = keygen(&dir.join("c.key"));
+    std::fs::write(dir.join("ak"), format!("{ck}\n")).unwrap();
+    let (bench, port, local) = (free_port(), free_port(), free_port());
+    let _bench = spawn(&["bench", "server", "--listen", &format!("127.0.0.1:{bench}")]);
+    let ctl = |n: &str| dir.join(format!("{n}.sock"));
+    let _server = spawn_logged(
+        &[
+            "server",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--key",
+            dir.join("server.key").to_str().unwrap(),
+            "--authorized-keys",
+            dir.join("ak").to_str().unwrap(),
+            "--allow",
+            &format!("127.0.0.1:{bench}"),
+            "--control",
+            ctl("s").to_str().unwrap(),
+        ],
+        &dir.join("server.log"),
+    );
+    wait_port(bench);
+    wait_port(port);
+    let _client = spawn_logged(
+        &[
+            "client",
+            &format!("127.0.0.1:{port}"),
+            "--key",
+            dir.join("c.key").to_str().unwrap(),
+            "--pin",
+            &fp,
+            "-L",
+            &format!("127.0.0.1:{local}:127.0.0.1:{bench}"),
+            "--control",
+            ctl("c").to_str().unwrap(),
+        ],
+        &dir.join("client.log"),
+    );
+    wait_port(local);
+    let load = spawn(&["bench", "tput", &format!("127.0.0.1:{local}"), "-t", "4"]);
+    let status = |sock: &Path| -> serde_json::Value {
+        let out = Command::new(BIN)
+            .args(["status", "--json"])
+            .arg(sock)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let dest = format!("tcp://127.0.0.1:{bench}");
+    // The client's side: one session, its stream to the bench server moving.
+    let mut seen = None;
+    wait_until(10, "the transfer in status", || {
+        let v = status(&ctl("c"));
+        let s = &v[0]["sessions"][0];
+        let t = s["streams"]
+            .as_array()
+            .and_then(|a| a.iter().find(|t| t["dest"] == dest.as_str()).cloned());
+        seen = t.filter(|t| t["bytes_sent"].as_u64() > Some(1 << 20));
+        seen.is_some()
+    });
+    assert_eq!(seen.unwrap()["opened_here"], true);
+    let v = status(&ctl("s"));
+    assert_eq!(v[0]["role"], "server");
+    let t = &v[0]["sessions"][0]["streams"][0];
+    assert_eq!(t["dest"], dest.as_str());
+    assert_eq!(t["opened_here"], false);
+    assert!(t["bytes_received"].as_u64() > Some(1 << 20), "{v}");
+    // The socket is its user's alone.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(ctl("s")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    drop(load);
+    let _ = std::fs::remove_dir_all(&dir);
+}

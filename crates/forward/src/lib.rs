@@ -21,6 +21,7 @@ pub mod rules;
 pub mod server;
 pub mod socks5;
 pub mod spec;
+pub mod status;
 
 pub use client::{Client, ClientConfig};
 pub use server::{Server, ServerConfig};

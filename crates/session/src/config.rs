@@ -176,6 +176,25 @@ pub trait Acceptor: Send + Sync + 'static {
     }
 }
 
+/// A snapshot of one stream.
+#[derive(Debug, Clone)]
+pub struct StreamStats {
+    pub id: u32,
+    /// `tcp://host:port` or a service.
+    pub dest: String,
+    /// Opened by this side (a forward here), or by the peer.
+    pub opened_here: bool,
+    pub age: Duration,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// This side's receive window now.
+    pub window: u32,
+    /// What the peer lets this side send now.
+    pub credit: u64,
+    /// Times this side had data and no credit.
+    pub stalls: u64,
+}
+
 /// A snapshot of a session's counters.
 #[derive(Debug, Clone, Default)]
 pub struct SessionStats {

@@ -365,6 +365,11 @@ impl SessionHandle {
         }
     }
 
+    /// Every open stream's figures.
+    pub fn streams(&self) -> Vec<crate::StreamStats> {
+        self.shared.stream_list()
+    }
+
     /// Lanes agreed for a striped session (1 for any other).
     pub fn lanes_wanted(&self) -> usize {
         self.shared

@@ -49,7 +49,7 @@ mod stream;
 mod writer;
 
 pub use config::{
-    Acceptor, BoxFuture, Mode, OpenRefused, SessionConfig, SessionError, SessionStats,
+    Acceptor, BoxFuture, Mode, OpenRefused, SessionConfig, SessionError, SessionStats, StreamStats,
 };
 pub use handle::{Opened, Session};
 pub use lanes::LaneStats;

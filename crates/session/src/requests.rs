@@ -27,7 +27,7 @@ pub(crate) fn connect_for_peer(shared: &Arc<Shared>, open: IncomingOpen, dest: S
         };
         match r {
             Ok(sock) => {
-                if let Some((id, _)) = me.accepted(open) {
+                if let Some((id, _)) = me.accepted(open, &dest) {
                     tracing::debug!(peer = %me.peer, %dest, stream = id, "stream opened by peer");
                     spawn_pumps(&me, id, sock);
                 }

@@ -79,6 +79,10 @@ pub struct SessionHandle {
 pub(crate) struct StreamRt {
     pub io: Arc<StreamIo>,
     pub uplink: Option<AbortHandle>,
+    /// Where it goes, and which side opened it (for `status`).
+    pub dest: Arc<str>,
+    pub opened_here: bool,
+    pub since: Instant,
 }
 
 type OpenReply = oneshot::Sender<Result<(), OpenRefused>>;
@@ -351,6 +355,9 @@ impl Shared {
             StreamRt {
                 io: Arc::new(StreamIo::default()),
                 uplink: None,
+                dest: dest.into(),
+                opened_here: true,
+                since: Instant::now(),
             },
         );
         self.dispatch(&mut st);
@@ -380,7 +387,11 @@ impl Shared {
     }
 
     /// A stream the peer opened, accepted: its runtime side.
-    pub fn accepted(self: &Arc<Self>, open: IncomingOpen) -> Option<(u32, Arc<StreamIo>)> {
+    pub fn accepted(
+        self: &Arc<Self>,
+        open: IncomingOpen,
+        dest: &str,
+    ) -> Option<(u32, Arc<StreamIo>)> {
         let mut st = self.lock();
         let id = st.mux.accept_open(open, self.now_ns());
         let r = id.map(|id| {
@@ -390,12 +401,40 @@ impl Shared {
                 StreamRt {
                     io: io.clone(),
                     uplink: None,
+                    dest: dest.into(),
+                    opened_here: false,
+                    since: Instant::now(),
                 },
             );
             (id, io)
         });
         self.dispatch(&mut st);
         r
+    }
+
+    /// Every stream's figures, for `status`.
+    pub fn stream_list(&self) -> Vec<crate::config::StreamStats> {
+        let st = self.lock();
+        let mut v: Vec<_> = st
+            .streams
+            .iter()
+            .filter_map(|(&id, rt)| {
+                let m = st.mux.stream_stats(id)?;
+                Some(crate::config::StreamStats {
+                    id,
+                    dest: rt.dest.to_string(),
+                    opened_here: rt.opened_here,
+                    age: rt.since.elapsed(),
+                    bytes_sent: m.tx_bytes,
+                    bytes_received: m.rx_bytes,
+                    window: m.window,
+                    credit: m.credit,
+                    stalls: m.credit_stalls,
+                })
+            })
+            .collect();
+        v.sort_by_key(|s| s.id);
+        v
     }
 
     /// The carrier was found silent since the last call: for how long.

@@ -155,6 +155,18 @@ struct Stream {
     credit_stalls: u64,
 }
 
+/// A snapshot of one stream's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamCounters {
+    pub tx_bytes: u64,
+    pub rx_bytes: u64,
+    /// Our receive window.
+    pub window: u32,
+    /// What the peer lets us send.
+    pub credit: u64,
+    pub credit_stalls: u64,
+}
+
 /// A snapshot of a session's counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MuxStats {
@@ -325,6 +337,18 @@ impl Mux {
             bytes_sent: self.bytes_sent,
             bytes_received: self.bytes_received,
         }
+    }
+
+    /// One stream's counters, if it exists.
+    pub fn stream_stats(&self, id: u32) -> Option<StreamCounters> {
+        let s = self.streams.get(&id)?;
+        Some(StreamCounters {
+            tx_bytes: s.tx_bytes,
+            rx_bytes: s.rx_bytes,
+            window: s.recv.size(),
+            credit: s.credit.available(),
+            credit_stalls: s.credit_stalls,
+        })
     }
 
     /// Round-trip time of the path under the carrier (TCP_INFO), if known.

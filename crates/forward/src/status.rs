@@ -1,0 +1,243 @@
+//! `longhaul status`: each running server and client answers on a local
+//! Unix socket (the folder 0700, the socket 0600: only its user and root
+//! may ask) with a JSON snapshot of its sessions and streams; the command
+//! asks every socket in the folder, or one.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::metrics::Metrics;
+
+/// Where control sockets live: `/run/longhaul` for root, else
+/// `$XDG_RUNTIME_DIR/longhaul`, else `/tmp/longhaul-UID`.
+pub fn default_dir() -> PathBuf {
+    let uid = rustix::process::getuid();
+    if uid.is_root() {
+        return PathBuf::from("/run/longhaul");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) => PathBuf::from(d).join("longhaul"),
+        None => PathBuf::from(format!("/tmp/longhaul-{}", uid.as_raw())),
+    }
+}
+
+/// The socket a process uses by default: `DIR/ROLE-PID.sock`.
+pub fn default_path(role: &str) -> PathBuf {
+    default_dir().join(format!("{role}-{}.sock", std::process::id()))
+}
+
+/// Removes the socket file when the process ends normally.
+pub struct Control(PathBuf);
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Longest answer `status` reads from one socket.
+const MAX_ANSWER: u64 = 64 << 20;
+/// How long `status` waits for one answer.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Serves snapshots on `path` until the runtime ends.
+pub fn serve(path: &Path, role: &'static str, metrics: Arc<Metrics>) -> std::io::Result<Control> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    // A socket file left by a process that is gone is replaced; one that
+    // answers is not.
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!("{} is in use by another process", path.display()),
+        ));
+    }
+    let _ = std::fs::remove_file(path);
+    if let Some(dir) = path.parent() {
+        // Sockets of processes that ended without removing them (killed):
+        // `ROLE-PID.sock` whose PID is gone.
+        for stale in sockets(dir) {
+            let pid = stale
+                .file_stem()
+                .and_then(|s| s.to_str()?.rsplit('-').next()?.parse::<u32>().ok());
+            if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                let _ = std::fs::remove_file(stale);
+            }
+        }
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let started = Instant::now();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                // EMFILE and the like: try again a little later.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            let body = snapshot(role, started, &metrics).to_string();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(ANSWER_TIMEOUT, sock.write_all(body.as_bytes())).await;
+                let _ = sock.shutdown().await;
+            });
+        }
+    });
+    Ok(Control(path.to_path_buf()))
+}
+
+fn snapshot(role: &str, started: Instant, metrics: &Metrics) -> Value {
+    let sessions: Vec<Value> = metrics
+        .sessions()
+        .iter()
+        .map(|(peer, h)| {
+            let s = h.stats();
+            let streams: Vec<Value> = h
+                .streams()
+                .iter()
+                .map(|t| {
+                    json!({
+                        "id": t.id,
+                        "dest": t.dest,
+                        "opened_here": t.opened_here,
+                        "age_s": t.age.as_secs_f64(),
+                        "bytes_sent": t.bytes_sent,
+                        "bytes_received": t.bytes_received,
+                        "window": t.window,
+                        "credit": t.credit,
+                        "stalls": t.stalls,
+                    })
+                })
+                .collect();
+            json!({
+                "peer": peer,
+                "age_s": s.age.as_secs_f64(),
+                "detached": s.detached,
+                "rtt_ms": s.rtt.as_secs_f64() * 1e3,
+                "lanes": h.lanes(),
+                "bytes_sent": s.bytes_sent,
+                "bytes_received": s.bytes_received,
+                "resumes": s.resumes,
+                "window_stalls": s.window_stalls,
+                "streams": streams,
+            })
+        })
+        .collect();
+    json!({
+        "role": role,
+        "pid": std::process::id(),
+        "uptime_s": started.elapsed().as_secs_f64(),
+        "sessions": sessions,
+    })
+}
+
+/// Asks one control socket for its snapshot.
+pub async fn query(path: &Path) -> std::io::Result<Value> {
+    let mut sock = UnixStream::connect(path).await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(
+        ANSWER_TIMEOUT,
+        (&mut sock).take(MAX_ANSWER).read_to_end(&mut buf),
+    )
+    .await
+    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer"))??;
+    serde_json::from_slice(&buf)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// The control sockets in `dir`.
+pub fn sockets(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|r| {
+            r.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// A snapshot for people, `ss`-style.
+pub fn human(v: &Value) -> String {
+    let num = |x: &Value| x.as_f64().unwrap_or(0.0);
+    let mut out = format!(
+        "{} pid {} (up {}), {} session(s)\n",
+        v["role"].as_str().unwrap_or("?"),
+        v["pid"],
+        dur(num(&v["uptime_s"])),
+        v["sessions"].as_array().map_or(0, |a| a.len())
+    );
+    for s in v["sessions"].as_array().into_iter().flatten() {
+        out += &format!(
+            "  {}{}  up {}  rtt {:.1} ms  streams {}  sent {}  received {}{}\n",
+            s["peer"].as_str().unwrap_or("?"),
+            if s["detached"] == true {
+                " (detached)"
+            } else {
+                ""
+            },
+            dur(num(&s["age_s"])),
+            num(&s["rtt_ms"]),
+            s["streams"].as_array().map_or(0, |a| a.len()),
+            bytes(num(&s["bytes_sent"])),
+            bytes(num(&s["bytes_received"])),
+            match s["lanes"].as_u64() {
+                Some(n) if n > 1 => format!("  lanes {n}"),
+                _ => String::new(),
+            }
+        );
+        for t in s["streams"].as_array().into_iter().flatten() {
+            out += &format!(
+                "    #{:<5} {} {}  up {}  sent {}  received {}  window {}  credit {}\n",
+                t["id"],
+                if t["opened_here"] == true {
+                    "→"
+                } else {
+                    "←"
+                },
+                t["dest"].as_str().unwrap_or("?"),
+                dur(num(&t["age_s"])),
+                bytes(num(&t["bytes_sent"])),
+                bytes(num(&t["bytes_received"])),
+                bytes(num(&t["window"])),
+                bytes(num(&t["credit"])),
+            );
+        }
+    }
+    out
+}
+
+fn dur(s: f64) -> String {
+    match s {
+        s if s < 60.0 => format!("{s:.0}s"),
+        s if s < 3600.0 => format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64),
+        s => format!(
+            "{}h{:02}m",
+            (s / 3600.0) as u64,
+            ((s % 3600.0) / 60.0) as u64
+        ),
+    }
+}
+
+fn bytes(b: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let (mut v, mut u) = (b, 0);
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    match u {
+        0 => format!("{b:.0} B"),
+        _ => format!("{v:.1} {}", UNITS[u]),
+    }
+}
