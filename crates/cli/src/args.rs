@@ -31,6 +31,9 @@ pub struct Cli {
     /// other command).
     #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
     pub threads: Option<u16>,
+    /// Options from a TOML file (keys: the command's long options); the command line overrides it. See contrib/server.toml.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
     /// Log lines as text (colours only on a terminal) or as JSON objects, one per line.
     #[arg(long, global = true, value_name = "text|json", default_value = "text")]
     pub log_format: LogFormat,

@@ -3,6 +3,7 @@
 
 mod args;
 mod bench_args;
+mod config;
 mod connect;
 mod cp;
 
@@ -22,7 +23,14 @@ use longhaul_forward::auth::AuthorizedKeys;
 use longhaul_forward::{Client, Server, ServerConfig};
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let argv = match config::expand(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("longhaul: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = match Cli::try_parse_from(argv) {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind::*;
