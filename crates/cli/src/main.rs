@@ -6,6 +6,7 @@ mod bench_args;
 mod config;
 mod connect;
 mod cp;
+mod reload;
 
 use std::process::ExitCode;
 
@@ -19,7 +20,6 @@ use clap::Parser;
 
 use args::{BenchCmd, Cli, Cmd, NetemArgs, NetemCmd};
 use longhaul_bench::{rr, server as bench_server, tput};
-use longhaul_forward::auth::AuthorizedKeys;
 use longhaul_forward::{Client, Server, ServerConfig};
 
 fn main() -> ExitCode {
@@ -207,8 +207,10 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
             args::Listen::Dir(d) => cfg.folders.push(d.clone()),
         }
     }
-    cfg.rules = a.rules();
-    cfg.bind_rules = a.bind_rules();
+    let policy = reload::policy(&a)?;
+    cfg.rules = policy.rules.clone();
+    cfg.bind_rules = policy.bind_rules.clone();
+    cfg.auth = policy.auth.clone();
     // Idle sessions cost the server a slot; native clients come back on
     // demand (JMUX peers would not), so the server closes them after 1 h.
     let idle = if a.jmux || a.stdio {
@@ -240,28 +242,11 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     if let Some(k) = &a.key {
         cfg.identity = Some(longhaul_carrier::Identity::load(k)?);
     }
-    if let Some(f) = &a.authorized_keys {
-        let keys = AuthorizedKeys::load(f).map_err(|e| anyhow::anyhow!(e))?;
-        tracing::info!("{} authorized key(s) from {}", keys.len(), f.display());
-        cfg.auth.authorized_keys = Some(keys);
-    }
-    cfg.auth.token = a.token.clone().filter(|t| !t.is_empty());
-    if cfg
-        .auth
-        .token
-        .as_ref()
-        .is_some_and(|t| t.len() > longhaul_forward::auth::MAX_TOKEN)
-    {
-        anyhow::bail!(
-            "--token is longer than {} bytes",
-            longhaul_forward::auth::MAX_TOKEN
-        );
-    }
-    cfg.auth.insecure = a.insecure;
     let open = cfg.auth.is_open();
     let key_fp = cfg.identity.as_ref().map(|i| i.fingerprint);
     let metrics = cfg.metrics.clone();
     let server = Server::bind(cfg).await.context("server not started")?;
+    tokio::spawn(reload::on_hangup(server.reloader()));
     if let Some(addr) = a.metrics {
         serve_metrics(addr, metrics.clone()).await?;
     }

@@ -217,3 +217,126 @@ fn status_lists_a_live_transfer() {
     drop(load);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `longhaul bench rr` through a forward: whether a round trip works.
+fn round_trip(port: u16) -> bool {
+    Command::new(BIN)
+        .args([
+            "bench",
+            "rr",
+            &format!("127.0.0.1:{port}"),
+            "--sizes",
+            "100",
+            "-n",
+            "3",
+        ])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+#[test]
+fn a_config_file_runs_the_server_and_sighup_reloads_keys_live() {
+    let dir = tmpdir("ops-reload");
+    let fp = keygen(&dir.join("server.key"));
+    let a = keygen(&dir.join("a.key"));
+    let b = keygen(&dir.join("b.key"));
+    let (bench, port) = (free_port(), free_port());
+    let _bench = spawn(&["bench", "server", "--listen", &format!("127.0.0.1:{bench}")]);
+    let ak = dir.join("authorized_keys");
+    std::fs::write(&ak, format!("{a} # a\n")).unwrap();
+    let cfg = dir.join("server.toml");
+    let good = format!(
+        "# a server from a file\nlisten = [\"127.0.0.1:{port}\"]\nkey = \"{}\"\nauthorized-keys = \"{}\"\nallow = [\"127.0.0.1:{bench}\"]\ncontrol = \"none\"\n",
+        dir.join("server.key").display(),
+        ak.display()
+    );
+    std::fs::write(&cfg, &good).unwrap();
+
+    // A bad file is refused at start, naming the line.
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        format!("{good}\nallow_all = true\nlisten-on = \"x\"\n"),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["server", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.toml:9: unknown key 'listen-on'"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
+    let log = dir.join("server.log");
+    let server = spawn_logged(&["server", "--config", cfg.to_str().unwrap()], &log);
+    wait_port(bench);
+    wait_port(port);
+    let client = |key: &str, local: u16| {
+        spawn_logged(
+            &[
+                "client",
+                &format!("127.0.0.1:{port}"),
+                "--key",
+                dir.join(key).to_str().unwrap(),
+                "--pin",
+                &fp,
+                "-L",
+                &format!("127.0.0.1:{local}:127.0.0.1:{bench}"),
+                "--control",
+                "none",
+            ],
+            &dir.join(format!("{key}.log")),
+        )
+    };
+    let (la, lb) = (free_port(), free_port());
+    let mut ca = client("a.key", la);
+    wait_port(la);
+    assert!(
+        round_trip(la),
+        "key a, configured in the file, gets through"
+    );
+    let mut cb = client("b.key", lb);
+    wait_until(10, "client b refused", || {
+        cb.0.try_wait().unwrap().is_some()
+    });
+
+    // Swap the keys and reload: a's session ends, b gets in.
+    std::fs::write(&ak, format!("{b} # b\n")).unwrap();
+    let hup = || {
+        assert!(Command::new("kill")
+            .args(["-HUP", &server.pid().to_string()])
+            .status()
+            .unwrap()
+            .success())
+    };
+    hup();
+    wait_until(10, "a's session closed by the reload", || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("closing the session after the reload: key")
+    });
+    assert!(!round_trip(la), "a removed key keeps no access");
+    cb = client("b.key", lb);
+    wait_port(lb);
+    assert!(round_trip(lb), "key b, added by the reload, gets through");
+
+    // A broken file on reload: the old configuration stays.
+    std::fs::write(&cfg, format!("{good}\nlisen = 1\n")).unwrap();
+    hup();
+    wait_until(10, "the failed reload logged", || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("reload failed, keeping the configuration in force")
+    });
+    assert!(std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("server.toml:8: unknown key 'lisen'"));
+    assert!(round_trip(lb), "still served after a failed reload");
+    let _ = ca.0.kill();
+    drop((ca, cb));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -16,6 +16,7 @@ pub mod connect;
 pub mod http_connect;
 pub mod known_hosts;
 pub mod metrics;
+pub mod policy;
 mod reconnect;
 pub mod rules;
 pub mod server;

@@ -21,6 +21,7 @@ use tokio::sync::Semaphore;
 use crate::auth::{read_preamble, Authenticated, ServerAuth};
 use crate::connect::{allowed_addrs, connect_any, target};
 use crate::metrics::{Metrics, Refusal};
+use crate::policy::{Grants, Policy, PolicyCell, Who};
 use crate::rules::{BindRules, Rules};
 use crate::spec::loopback;
 use longhaul_files::serve::FileServer;
@@ -124,48 +125,94 @@ pub struct Server {
     folders: Vec<FolderListener>,
     tls: Option<Arc<rustls::ServerConfig>>,
     config: ServerConfig,
+    policy: PolicyCell,
+    live: Live,
+}
+
+/// Puts a new policy in force in a running server (SIGHUP).
+#[derive(Clone)]
+pub struct Reloader {
+    policy: PolicyCell,
+    live: Live,
+}
+
+impl Reloader {
+    /// Replaces the policy; ends, with a log line each, the sessions it no
+    /// longer admits or whose open streams it no longer allows. Returns
+    /// how many were ended.
+    pub fn reload(&self, new: Policy) -> usize {
+        let old = self.policy.replace(new);
+        let now = self.policy.current();
+        let mut ended = 0;
+        for (h, who) in self.live.all() {
+            let dests: Vec<String> = h
+                .streams()
+                .into_iter()
+                .filter(|t| !t.opened_here)
+                .map(|t| t.dest)
+                .collect();
+            if let Some(why) = now.ends(&old, &who, &dests) {
+                tracing::warn!(peer = %h.peer(), "closing the session after the reload: {why}");
+                h.close(&format!("closed by the server's reload: {why}"));
+                ended += 1;
+            }
+        }
+        ended
+    }
 }
 
 struct ServerAcceptor {
-    rules: Rules,
-    bind_rules: BindRules,
-    /// The authenticated key's own rules, narrower than the global ones.
-    key_rules: Option<Rules>,
-    key_bind_rules: Option<BindRules>,
-    /// The file service and what this client may do in it.
-    files: Option<(Arc<FileServer>, Access)>,
+    /// Read at every stream: a reload applies to running sessions too.
+    policy: PolicyCell,
+    who: Who,
+    files: Option<Arc<FileServer>>,
     metrics: Arc<Metrics>,
     peer: String,
 }
 
 impl ServerAcceptor {
-    fn new(config: &ServerConfig, who: &Authenticated, peer: String) -> ServerAcceptor {
-        let (key_rules, key_bind_rules, files) = match who {
-            Authenticated::Key(_, p) => (p.allow.clone(), p.bind.clone(), p.files),
-            _ => (None, None, config.files_without_key),
-        };
+    fn new(
+        config: &ServerConfig,
+        policy: &PolicyCell,
+        who: &Authenticated,
+        peer: String,
+    ) -> ServerAcceptor {
         ServerAcceptor {
-            rules: config.rules.clone(),
-            bind_rules: config.bind_rules.clone(),
-            key_rules,
-            key_bind_rules,
-            files: config.files.clone().zip(files),
+            policy: policy.clone(),
+            who: who.into(),
+            files: config.files.clone(),
             metrics: config.metrics.clone(),
             peer,
+        }
+    }
+
+    /// The global rules and this client's grants now (None: no longer let in).
+    fn now(&self) -> Result<(Arc<Policy>, Grants), OpenRefused> {
+        let p = self.policy.current();
+        match p.grants(&self.who) {
+            Some(g) => Ok((p, g)),
+            None => Err(OpenRefused::new(
+                Reason::NOT_ALLOWED,
+                "no longer authorized",
+            )),
         }
     }
 }
 
 impl Acceptor for ServerAcceptor {
     fn connect(&self, dest: String) -> BoxFuture<Result<LocalStream, OpenRefused>> {
-        let rules = self.rules.clone();
-        let key_rules = self.key_rules.clone();
         let peer = self.peer.clone();
         let metrics = self.metrics.clone();
+        let (policy, grants) = match self.now() {
+            Ok(x) => x,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        let rules = policy.rules.clone();
+        let key_rules = grants.allow;
         if dest == longhaul_files::SERVICE {
-            let r = match &self.files {
+            let r = match self.files.clone().zip(grants.files) {
                 Some((server, access)) => server
-                    .accept(*access, peer.clone())
+                    .accept(access, peer.clone())
                     .map_err(|e| OpenRefused::new(Reason::GENERAL_FAILURE, e)),
                 None => {
                     self.metrics.refused(Refusal::FilesNotAllowed);
@@ -202,8 +249,12 @@ impl Acceptor for ServerAcceptor {
         dest: String,
         session: SessionHandle,
     ) -> BoxFuture<Result<u16, OpenRefused>> {
-        let bind_rules = self.bind_rules.clone();
-        let key_bind_rules = self.key_bind_rules.clone();
+        let (policy, grants) = match self.now() {
+            Ok(x) => x,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        let bind_rules = policy.bind_rules.clone();
+        let key_bind_rules = grants.bind;
         let peer = self.peer.clone();
         let metrics = self.metrics.clone();
         Box::pin(async move {
@@ -296,11 +347,19 @@ impl Server {
             .iter()
             .map(FolderListener::bind)
             .collect::<std::io::Result<Vec<_>>>()?;
+        let policy = PolicyCell::new(Policy {
+            auth: config.auth.clone(),
+            rules: config.rules.clone(),
+            bind_rules: config.bind_rules.clone(),
+            files_without_key: config.files_without_key,
+        });
         Ok(Server {
             listeners,
             folders,
             tls,
             config,
+            policy,
+            live: Live::default(),
         })
     }
 
@@ -328,6 +387,14 @@ impl Server {
         self.folders.iter().map(|f| f.url().clone()).collect()
     }
 
+    /// A handle to reload the policy while the server runs.
+    pub fn reloader(&self) -> Reloader {
+        Reloader {
+            policy: self.policy.clone(),
+            live: self.live.clone(),
+        }
+    }
+
     /// Serves carriers until the task is dropped.
     pub async fn run(self) {
         self.run_until(std::future::pending()).await
@@ -338,10 +405,11 @@ impl Server {
     /// ends each carrier once that is written, all within
     /// [`SHUTDOWN_GRACE`], whatever the peers do.
     pub async fn run_until(self, stop: impl std::future::Future<Output = ()>) {
-        let live = Live::default();
+        let live = self.live.clone();
         let serving = Serving {
             slots: Arc::new(Semaphore::new(self.config.max_sessions)),
             config: Arc::new(self.config),
+            policy: self.policy.clone(),
             live: live.clone(),
             resumables: Resumables::new(),
         };
@@ -382,11 +450,18 @@ impl Server {
         let mut config = config;
         config.session.resume = false;
         let resumables = Resumables::new();
+        let policy = PolicyCell::new(Policy {
+            auth: config.auth.clone(),
+            rules: config.rules.clone(),
+            bind_rules: config.bind_rules.clone(),
+            files_without_key: config.files_without_key,
+        });
         serve_carrier(
             carrier,
             None,
             "stdio".into(),
             Arc::new(config),
+            &policy,
             true,
             None,
             &resumables,
@@ -398,17 +473,23 @@ impl Server {
 /// How long a shutting-down server waits for its sessions to close.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
-/// The sessions a server is running, so that shutdown can close them.
+/// The sessions a server is running, so that shutdown can close them
+/// (and a reload end those it no longer admits).
 #[derive(Clone, Default)]
-struct Live(Arc<std::sync::Mutex<(u64, HashMap<u64, SessionHandle>)>>);
+struct Live(Arc<std::sync::Mutex<(u64, HashMap<u64, (SessionHandle, Who)>)>>);
 
 impl Live {
-    fn add(&self, h: SessionHandle) -> u64 {
+    fn add(&self, h: SessionHandle, who: Who) -> u64 {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         g.0 += 1;
         let id = g.0;
-        g.1.insert(id, h);
+        g.1.insert(id, (h, who));
         id
+    }
+
+    fn all(&self) -> Vec<(SessionHandle, Who)> {
+        let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.1.values().cloned().collect()
     }
 
     fn remove(&self, id: u64) {
@@ -421,7 +502,7 @@ impl Live {
 
     fn drain(&self) -> Vec<SessionHandle> {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        g.1.drain().map(|(_, h)| h).collect()
+        g.1.drain().map(|(_, (h, _))| h).collect()
     }
 }
 
@@ -430,6 +511,7 @@ impl Live {
 #[derive(Clone)]
 struct Serving {
     config: Arc<ServerConfig>,
+    policy: PolicyCell,
     slots: Arc<Semaphore>,
     live: Live,
     resumables: Arc<Resumables>,
@@ -472,6 +554,7 @@ impl Serving {
             key,
             from.clone(),
             self.config,
+            &self.policy,
             false,
             Some(&self.live),
             &self.resumables,
@@ -539,6 +622,7 @@ async fn serve_carrier(
     key: Option<longhaul_carrier::Fingerprint>,
     from: String,
     config: Arc<ServerConfig>,
+    policy: &PolicyCell,
     trusted: bool,
     live: Option<&Live>,
     resumables: &Arc<Resumables>,
@@ -566,12 +650,16 @@ async fn serve_carrier(
     let who = if trusted {
         Authenticated::Anonymous
     } else {
-        config.auth.decide(key, token.as_deref()).map_err(|e| {
-            config.metrics.refused(Refusal::NotAuthenticated);
-            format!("refused carrier: not authenticated: {e}")
-        })?
+        policy
+            .current()
+            .auth
+            .decide(key, token.as_deref())
+            .map_err(|e| {
+                config.metrics.refused(Refusal::NotAuthenticated);
+                format!("refused carrier: not authenticated: {e}")
+            })?
     };
-    let acceptor = Arc::new(ServerAcceptor::new(&config, &who, from.clone()));
+    let acceptor = Arc::new(ServerAcceptor::new(&config, policy, &who, from.clone()));
     // A resume must come from the same identity as the session's start:
     // the same authorized key, or for token and --insecure carriers the
     // same TLS client key (or none).
@@ -591,7 +679,7 @@ async fn serve_carrier(
     match served {
         Ok(Served::New(h)) => {
             tracing::info!(%from, who = %who.who(), resumable = h.is_resumable(), "session started");
-            let id = live.map(|l| l.add(h.clone()));
+            let id = live.map(|l| l.add(h.clone(), Who::from(&who)));
             let _tracked = config.metrics.track(&from, &h);
             // A detached session keeps this task, and so its slot under
             // --max-sessions, until it ends.

@@ -1,0 +1,133 @@
+//! What a reload (SIGHUP) can change while sessions run: who may come in
+//! (authorized keys, token) and what they may reach or bind. Sessions read
+//! the current policy at every stream they open; a reload also ends the
+//! sessions it no longer admits.
+
+use std::net::IpAddr;
+use std::sync::{Arc, RwLock};
+
+use longhaul_carrier::Fingerprint;
+use longhaul_files::Access;
+use longhaul_proto::frame::parse_dest;
+
+use crate::auth::{Authenticated, ServerAuth};
+use crate::rules::{BindRules, Rules};
+
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    pub auth: ServerAuth,
+    /// Global ceiling: what any client may reach.
+    pub rules: Rules,
+    /// Global ceiling: what any client may bind.
+    pub bind_rules: BindRules,
+    /// File access of token (and `--insecure`) clients.
+    pub files_without_key: Option<Access>,
+}
+
+/// Who a session was admitted as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Who {
+    Key(Fingerprint),
+    Token,
+    Anonymous,
+}
+
+impl From<&Authenticated> for Who {
+    fn from(a: &Authenticated) -> Who {
+        match a {
+            Authenticated::Key(fp, _) => Who::Key(*fp),
+            Authenticated::Token => Who::Token,
+            Authenticated::Anonymous => Who::Anonymous,
+        }
+    }
+}
+
+/// What one client may do now.
+#[derive(Debug, Clone, Default)]
+pub struct Grants {
+    /// The key's own `allow=` (None: the global rules alone).
+    pub allow: Option<Rules>,
+    pub bind: Option<BindRules>,
+    pub files: Option<Access>,
+}
+
+impl Policy {
+    /// What `who` may do under this policy; None if it is no longer let in.
+    pub fn grants(&self, who: &Who) -> Option<Grants> {
+        match who {
+            Who::Key(fp) => {
+                let p = self.auth.authorized_keys.as_ref()?.get(fp)?;
+                Some(Grants {
+                    allow: p.allow.clone(),
+                    bind: p.bind.clone(),
+                    files: p.files,
+                })
+            }
+            Who::Token => self.auth.token.as_ref().map(|_| Grants {
+                files: self.files_without_key,
+                ..Grants::default()
+            }),
+            Who::Anonymous => (self.auth.is_open() && self.auth.insecure).then(|| Grants {
+                files: self.files_without_key,
+                ..Grants::default()
+            }),
+        }
+    }
+
+    /// Why a running session of `who`, whose peer opened streams to
+    /// `dests`, must end after a change from `old` to this policy.
+    pub fn ends(&self, old: &Policy, who: &Who, dests: &[String]) -> Option<String> {
+        let Some(g) = self.grants(who) else {
+            return Some(match who {
+                Who::Key(fp) => format!("key {fp} is no longer authorized"),
+                Who::Token => "the token was removed".into(),
+                Who::Anonymous => "anonymous clients are no longer let in".into(),
+            });
+        };
+        if *who == Who::Token && old.auth.token != self.auth.token {
+            return Some("the token changed".into());
+        }
+        let sets: Vec<&Rules> = std::iter::once(&self.rules)
+            .chain(g.allow.as_ref())
+            .collect();
+        for d in dests {
+            let Some((host, port)) = parse_dest(d) else {
+                continue;
+            };
+            // A name allowed only through the addresses it resolves to is
+            // checked again at its next connect, not here (no DNS on reload).
+            let allowed = match host.parse::<IpAddr>() {
+                Ok(ip) => sets.iter().all(|r| r.allows_ip(ip, port)),
+                Err(_) => sets
+                    .iter()
+                    .all(|r| r.allows_name(&host, port) || r.has_address_rules()),
+            };
+            if !allowed {
+                return Some(format!("the rules no longer allow its stream to {d}"));
+            }
+        }
+        None
+    }
+}
+
+/// The policy in force, shared by the server's sessions.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyCell(Arc<RwLock<Arc<Policy>>>);
+
+impl PolicyCell {
+    pub fn new(p: Policy) -> PolicyCell {
+        PolicyCell(Arc::new(RwLock::new(Arc::new(p))))
+    }
+
+    pub fn current(&self) -> Arc<Policy> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Puts `p` in force; returns the one it replaces.
+    pub fn replace(&self, p: Policy) -> Arc<Policy> {
+        std::mem::replace(
+            &mut *self.0.write().unwrap_or_else(|p| p.into_inner()),
+            Arc::new(p),
+        )
+    }
+}
