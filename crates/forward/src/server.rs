@@ -462,7 +462,6 @@ impl Server {
             "stdio".into(),
             Arc::new(config),
             &policy,
-            true,
             None,
             &resumables,
         )
@@ -476,7 +475,10 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// The sessions a server is running, so that shutdown can close them
 /// (and a reload end those it no longer admits).
 #[derive(Clone, Default)]
-struct Live(Arc<std::sync::Mutex<(u64, HashMap<u64, (SessionHandle, Who)>)>>);
+struct Live(Arc<std::sync::Mutex<LiveTable>>);
+
+/// The last id given, and each session with who it was admitted as.
+type LiveTable = (u64, HashMap<u64, (SessionHandle, Who)>);
 
 impl Live {
     fn add(&self, h: SessionHandle, who: Who) -> u64 {
@@ -555,7 +557,6 @@ impl Serving {
             from.clone(),
             self.config,
             &self.policy,
-            false,
             Some(&self.live),
             &self.resumables,
         );
@@ -623,7 +624,8 @@ async fn serve_carrier(
     from: String,
     config: Arc<ServerConfig>,
     policy: &PolicyCell,
-    trusted: bool,
+    // None for the trusted pipe of `--stdio`, whose owner authenticated
+    // the peer; the server's table of sessions otherwise.
     live: Option<&Live>,
     resumables: &Arc<Resumables>,
 ) -> Result<String, String> {
@@ -647,7 +649,7 @@ async fn serve_carrier(
     } else {
         None
     };
-    let who = if trusted {
+    let who = if live.is_none() {
         Authenticated::Anonymous
     } else {
         policy
