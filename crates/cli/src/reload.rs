@@ -60,7 +60,6 @@ fn reread() -> anyhow::Result<Policy> {
                 .next()
                 .unwrap_or("invalid arguments")
                 .trim_start_matches("error: ")
-                .to_string()
         )
     })?;
     match cli.cmd {
