@@ -19,6 +19,7 @@
 
 pub mod carriers;
 pub mod demo;
+pub mod doctor;
 pub mod goodput;
 pub mod load;
 pub mod matrix;

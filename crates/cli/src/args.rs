@@ -32,8 +32,13 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
     pub threads: Option<u16>,
     /// Options from a TOML file (keys: the command's long options); the command line overrides it. See contrib/server.toml.
-    #[arg(long, global = true, value_name = "FILE")]
-    pub config: Option<std::path::PathBuf>,
+    #[arg(
+        long = "config",
+        id = "config_file",
+        global = true,
+        value_name = "FILE"
+    )]
+    pub config_file: Option<std::path::PathBuf>,
     /// Log lines as text (colours only on a terminal) or as JSON objects, one per line.
     #[arg(long, global = true, value_name = "text|json", default_value = "text")]
     pub log_format: LogFormat,
@@ -75,6 +80,8 @@ pub enum Cmd {
     Cp(CpArgs),
     /// Sessions and streams of the servers and clients running here (like ss for the tunnel).
     Status(StatusArgs),
+    /// Measure the path to a server and explain what limits it, with what to change.
+    Doctor(DoctorArgs),
     /// Measuring kit: bench server, tput, rr.
     Bench(BenchArgs),
     /// Start a bench server, a longhaul server and client on loopback and
@@ -524,4 +531,24 @@ pub struct StatusArgs {
     /// Print the snapshots as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// The server, as for 'client'.
+    #[arg(value_parser = parse_server_url)]
+    pub server: ServerUrl,
+    /// Also explain what an application with socket buffers of SIZE gets (e.g. 64k).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub app_buffer: Option<u64>,
+    /// Seconds each throughput is measured for.
+    #[arg(short = 't', long = "time", value_name = "SECS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=20))]
+    pub time: u64,
+    /// Print the diagnosis as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+    #[command(flatten)]
+    pub session: SessionArgs,
 }

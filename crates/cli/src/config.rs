@@ -107,7 +107,7 @@ fn file_args(path: &Path, sub: &clap::Command, given: &[String]) -> Result<Vec<O
                 sub.get_name()
             ));
         };
-        if arg.get_id() == "config" || given.iter().any(|g| g == arg.get_id().as_str()) {
+        if arg.get_id() == "config_file" || given.iter().any(|g| g == arg.get_id().as_str()) {
             continue;
         }
         let flag = match (arg.get_long(), arg.get_short()) {
@@ -220,5 +220,12 @@ mod tests {
                 panic!("{file}: {e}\n{argv:?}");
             }
         }
+    }
+
+    /// Clap's own checks of the whole command line (duplicate ids and the
+    /// like, which only show as a panic when that command runs).
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
     }
 }

@@ -105,6 +105,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Client(a) => client(a).await,
         Cmd::Cp(a) => cp::run(a).await,
         Cmd::Status(a) => status(a).await,
+        Cmd::Doctor(a) => doctor(a).await,
         Cmd::Keygen(k) => {
             let path = k
                 .out
@@ -271,6 +272,34 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
         tracing::info!("serving the folder {d}");
     }
     server.run_until(stop_signal()).await;
+    Ok(())
+}
+
+async fn doctor(a: args::DoctorArgs) -> anyhow::Result<()> {
+    let mut cfg = connect::client_config(&a.server, &a.conn, &a.session, false)?;
+    cfg.reconnect = false;
+    let host = match &a.server.url {
+        longhaul_carrier::CarrierUrl::Net { addr, .. } => addr
+            .rsplit_once(':')
+            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']').to_string()),
+        _ => None,
+    };
+    let client = Client::start(cfg).await?;
+    let opts = longhaul_bench::doctor::DoctorOptions {
+        seconds: a.time,
+        app_buffer: a.app_buffer,
+        host,
+    };
+    let d = longhaul_bench::doctor::run(&client.session(), &opts).await;
+    client
+        .shutdown("doctor done", std::time::Duration::from_secs(1))
+        .await;
+    let d = d?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&d)?);
+    } else {
+        print!("{}", d.human());
+    }
     Ok(())
 }
 

@@ -13,6 +13,7 @@
 pub mod auth;
 pub mod client;
 pub mod connect;
+pub mod doctor;
 pub mod http_connect;
 pub mod known_hosts;
 pub mod metrics;

@@ -30,6 +30,8 @@ pub enum Who {
     Key(Fingerprint),
     Token,
     Anonymous,
+    /// The `--stdio` pipe: its owner authenticated the peer.
+    Pipe,
 }
 
 impl From<&Authenticated> for Who {
@@ -71,6 +73,10 @@ impl Policy {
                 files: self.files_without_key,
                 ..Grants::default()
             }),
+            Who::Pipe => Some(Grants {
+                files: self.files_without_key,
+                ..Grants::default()
+            }),
         }
     }
 
@@ -81,7 +87,7 @@ impl Policy {
             return Some(match who {
                 Who::Key(fp) => format!("key {fp} is no longer authorized"),
                 Who::Token => "the token was removed".into(),
-                Who::Anonymous => "anonymous clients are no longer let in".into(),
+                Who::Anonymous | Who::Pipe => "anonymous clients are no longer let in".into(),
             });
         };
         if *who == Who::Token && old.auth.token != self.auth.token {

@@ -209,6 +209,11 @@ impl Acceptor for ServerAcceptor {
         };
         let rules = policy.rules.clone();
         let key_rules = grants.allow;
+        if dest == crate::doctor::SERVICE {
+            let r = crate::doctor::accept(&peer)
+                .map_err(|e| OpenRefused::new(Reason::GENERAL_FAILURE, e));
+            return Box::pin(async move { r });
+        }
         if dest == longhaul_files::SERVICE {
             let r = match self.files.clone().zip(grants.files) {
                 Some((server, access)) => server
@@ -661,7 +666,11 @@ async fn serve_carrier(
                 format!("refused carrier: not authenticated: {e}")
             })?
     };
-    let acceptor = Arc::new(ServerAcceptor::new(&config, policy, &who, from.clone()));
+    let mut acceptor = ServerAcceptor::new(&config, policy, &who, from.clone());
+    if live.is_none() {
+        acceptor.who = Who::Pipe;
+    }
+    let acceptor = Arc::new(acceptor);
     // A resume must come from the same identity as the session's start:
     // the same authorized key, or for token and --insecure carriers the
     // same TLS client key (or none).

@@ -1,0 +1,182 @@
+//! The server's side of `longhaul doctor`: its network limits, and bytes
+//! to measure with — over the session, and over one plain TCP connection
+//! with default buffers. Only for authenticated clients (it is a stream
+//! like any other); at most [`MAX_SECONDS`] of sending per request and
+//! [`MAX_AT_ONCE`] requests at a time.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use longhaul_session::LocalStream;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+
+/// The destination a client opens for it.
+pub const SERVICE: &str = "longhaul://doctor";
+/// Longest a source runs.
+pub const MAX_SECONDS: u64 = 30;
+/// Doctor streams served at once by one server.
+pub const MAX_AT_ONCE: usize = 4;
+/// How long the plain TCP listener waits for the client.
+const DIRECT_WAIT: Duration = Duration::from_secs(10);
+
+static BUSY: AtomicUsize = AtomicUsize::new(0);
+
+/// A host's TCP limits, as `sysctl` shows them.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Limits {
+    pub tcp_rmem: [u64; 3],
+    pub tcp_wmem: [u64; 3],
+    pub rmem_max: u64,
+    pub wmem_max: u64,
+    pub congestion: String,
+    pub window_scaling: bool,
+}
+
+impl Limits {
+    /// This host's (this network namespace's).
+    pub fn local() -> Limits {
+        let read =
+            |k: &str| std::fs::read_to_string(format!("/proc/sys/net/{k}")).unwrap_or_default();
+        let triple = |k: &str| {
+            let v: Vec<u64> = read(k)
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            [
+                v.first().copied().unwrap_or(0),
+                v.get(1).copied().unwrap_or(0),
+                v.get(2).copied().unwrap_or(0),
+            ]
+        };
+        let one = |k: &str| read(k).trim().parse().unwrap_or(0);
+        Limits {
+            tcp_rmem: triple("ipv4/tcp_rmem"),
+            tcp_wmem: triple("ipv4/tcp_wmem"),
+            rmem_max: one("core/rmem_max"),
+            wmem_max: one("core/wmem_max"),
+            congestion: read("ipv4/tcp_congestion_control").trim().to_string(),
+            window_scaling: one("ipv4/tcp_window_scaling") == 1,
+        }
+    }
+}
+
+/// Starts serving one doctor stream for `peer`; returns the end the
+/// session relays.
+pub fn accept(peer: &str) -> Result<LocalStream, String> {
+    if BUSY.fetch_add(1, Ordering::AcqRel) >= MAX_AT_ONCE {
+        BUSY.fetch_sub(1, Ordering::AcqRel);
+        return Err(format!("doctor busy ({MAX_AT_ONCE} at once)"));
+    }
+    let r = LocalStream::pair().and_then(|(ours, theirs)| {
+        theirs.set_nonblocking(true)?;
+        let theirs = tokio::net::UnixStream::from_std(theirs)?;
+        let ip = peer.parse::<SocketAddr>().ok().map(|a| a.ip());
+        tokio::spawn(async move {
+            let _ = serve(theirs, ip).await;
+            BUSY.fetch_sub(1, Ordering::AcqRel);
+        });
+        Ok(ours)
+    });
+    r.map_err(|e| {
+        BUSY.fetch_sub(1, Ordering::AcqRel);
+        e.to_string()
+    })
+}
+
+async fn serve(sock: tokio::net::UnixStream, peer: Option<IpAddr>) -> std::io::Result<()> {
+    let (r, mut w) = sock.into_split();
+    let mut r = BufReader::new(r);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = tokio::time::timeout(
+            Duration::from_secs(60),
+            (&mut r).take(256).read_line(&mut line),
+        )
+        .await
+        .map_err(|_| std::io::ErrorKind::TimedOut)??;
+        if n == 0 {
+            return Ok(());
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let secs = |i: usize| {
+            Duration::from_secs(
+                words
+                    .get(i)
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(5)
+                    .min(MAX_SECONDS),
+            )
+        };
+        match words.first().copied() {
+            Some("PING") => w.write_all(b"PONG\n").await?,
+            Some("INFO") => {
+                let j = serde_json::to_string(&Limits::local()).unwrap_or_default();
+                w.write_all(format!("{j}\n").as_bytes()).await?;
+            }
+            Some("SOURCE") => {
+                source(&mut w, secs(1)).await?;
+                return w.shutdown().await;
+            }
+            Some("DIRECT") => {
+                let listener = TcpListener::bind(("0.0.0.0", 0)).await?;
+                let port = listener.local_addr()?.port();
+                w.write_all(format!("PORT {port}\n").as_bytes()).await?;
+                let deadline = Instant::now() + DIRECT_WAIT;
+                // Only the client's own address gets the bytes.
+                let sock = loop {
+                    let (s, from) = tokio::time::timeout_at(deadline.into(), listener.accept())
+                        .await
+                        .map_err(|_| std::io::ErrorKind::TimedOut)??;
+                    if peer.is_none_or(|p| p == from.ip()) {
+                        break s;
+                    }
+                };
+                drop(listener);
+                let (_, mut sw) = sock.into_split();
+                source(&mut sw, secs(1)).await?;
+                let _ = sw.shutdown().await;
+            }
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// Writes zeros for `d`.
+async fn source(w: &mut (impl AsyncWrite + Unpin), d: Duration) -> std::io::Result<()> {
+    let block = vec![0u8; 256 * 1024];
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        w.write_all(&block).await?;
+    }
+    Ok(())
+}
+
+/// Reads until EOF (or `d` passes), counting what arrives after `omit`:
+/// bits per second.
+pub async fn sink(r: &mut (impl AsyncRead + Unpin), omit: Duration) -> std::io::Result<f64> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 256 * 1024];
+    let start = Instant::now();
+    let (mut bytes, mut since) = (0u64, None::<Instant>);
+    loop {
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        if start.elapsed() >= omit {
+            let s = *since.get_or_insert_with(Instant::now);
+            if s.elapsed() > Duration::ZERO {
+                bytes += n as u64;
+            }
+        }
+    }
+    let secs = since.map_or(0.0, |s| s.elapsed().as_secs_f64());
+    Ok(if secs > 0.0 {
+        bytes as f64 * 8.0 / secs
+    } else {
+        0.0
+    })
+}
