@@ -21,16 +21,6 @@ struct Fixture {
     _server: Kill,
 }
 
-fn keygen(path: &Path) -> String {
-    let out = Command::new(BIN)
-        .args(["keygen", "--out"])
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 impl Fixture {
     fn start(name: &str, files: Option<PathBuf>) -> Fixture {
         Fixture::start_with(name, files, &[])

@@ -10,16 +10,6 @@ use std::process::Command;
 
 use common::*;
 
-fn keygen(path: &Path) -> String {
-    let out = Command::new(BIN)
-        .args(["keygen", "--out"])
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 /// `GET /metrics` from `port`: the body.
 fn scrape(port: u16) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -203,7 +193,15 @@ fn status_lists_a_live_transfer() {
         seen = t.filter(|t| t["bytes_sent"].as_u64() > Some(1 << 20));
         seen.is_some()
     });
-    assert_eq!(seen.unwrap()["opened_here"], true);
+    let seen = seen.unwrap();
+    assert_eq!(seen["opened_here"], true);
+    // The source: the bench client's socket.
+    assert!(
+        seen["local"]
+            .as_str()
+            .is_some_and(|l| l.starts_with("127.0.0.1:")),
+        "{seen}"
+    );
     let v = status(&ctl("s"));
     assert_eq!(v[0]["role"], "server");
     let t = &v[0]["sessions"][0]["streams"][0];
@@ -338,5 +336,40 @@ fn a_config_file_runs_the_server_and_sighup_reloads_keys_live() {
     assert!(round_trip(lb), "still served after a failed reload");
     let _ = ca.0.kill();
     drop((ca, cb));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn logs_have_no_colours_in_a_file_and_can_be_json() {
+    let dir = tmpdir("ops-logs");
+    for (format, check) in [("text", 0), ("json", 1)] {
+        let port = free_port();
+        let log = dir.join(format!("{format}.log"));
+        let p = spawn_logged(
+            &[
+                "--log-format",
+                format,
+                "bench",
+                "server",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+            ],
+            &log,
+        );
+        wait_port(port);
+        drop(p);
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(text.contains("bench server listening"), "{text}");
+        assert!(
+            !text.contains('\x1b'),
+            "ANSI escapes in a log file: {text:?}"
+        );
+        if check == 1 {
+            for line in text.lines() {
+                let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                assert!(v["level"].is_string(), "{line}");
+            }
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -108,6 +108,7 @@ fn snapshot(role: &str, started: Instant, metrics: &Metrics) -> Value {
                     json!({
                         "id": t.id,
                         "dest": t.dest,
+                        "local": t.local,
                         "opened_here": t.opened_here,
                         "age_s": t.age.as_secs_f64(),
                         "bytes_sent": t.bytes_sent,
@@ -197,15 +198,19 @@ pub fn human(v: &Value) -> String {
             }
         );
         for t in s["streams"].as_array().into_iter().flatten() {
+            // Source → target: the application here, or the peer there.
+            let local = t["local"].as_str().unwrap_or("?");
+            let dest = t["dest"].as_str().unwrap_or("?");
+            let (from, to) = match t["opened_here"] == true {
+                true => (local.to_string(), dest.to_string()),
+                false => (
+                    s["peer"].as_str().unwrap_or("?").to_string(),
+                    format!("{dest} ({local})"),
+                ),
+            };
             out += &format!(
-                "    #{:<5} {} {}  up {}  sent {}  received {}  window {}  credit {}\n",
+                "    #{:<5} {from} → {to}  up {}  sent {}  received {}  window {}  credit {}\n",
                 t["id"],
-                if t["opened_here"] == true {
-                    "→"
-                } else {
-                    "←"
-                },
-                t["dest"].as_str().unwrap_or("?"),
                 dur(num(&t["age_s"])),
                 bytes(num(&t["bytes_sent"])),
                 bytes(num(&t["bytes_received"])),

@@ -182,6 +182,9 @@ pub struct StreamStats {
     pub id: u32,
     /// `tcp://host:port` or a service.
     pub dest: String,
+    /// The local socket's other end: the application that connected (a
+    /// stream opened here), or the target's address (one the peer opened).
+    pub local: Option<String>,
     /// Opened by this side (a forward here), or by the peer.
     pub opened_here: bool,
     pub age: Duration,

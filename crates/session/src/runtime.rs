@@ -83,6 +83,9 @@ pub(crate) struct StreamRt {
     pub dest: Arc<str>,
     pub opened_here: bool,
     pub since: Instant,
+    /// The local socket's other end: the application (a stream opened
+    /// here) or the target (one the peer opened).
+    pub local: Option<String>,
 }
 
 type OpenReply = oneshot::Sender<Result<(), OpenRefused>>;
@@ -358,6 +361,7 @@ impl Shared {
                 dest: dest.into(),
                 opened_here: true,
                 since: Instant::now(),
+                local: None,
             },
         );
         self.dispatch(&mut st);
@@ -404,6 +408,7 @@ impl Shared {
                     dest: dest.into(),
                     opened_here: false,
                     since: Instant::now(),
+                    local: None,
                 },
             );
             (id, io)
@@ -423,6 +428,7 @@ impl Shared {
                 Some(crate::config::StreamStats {
                     id,
                     dest: rt.dest.to_string(),
+                    local: rt.local.clone(),
                     opened_here: rt.opened_here,
                     age: rt.since.elapsed(),
                     bytes_sent: m.tx_bytes,
@@ -449,9 +455,12 @@ impl Shared {
 
     /// Records the task reading stream `id`'s socket, so that closing the
     /// stream stops it; stops it at once if the stream is already gone.
-    pub fn set_uplink(&self, id: u32, task: AbortHandle) {
+    pub fn set_uplink(&self, id: u32, task: AbortHandle, local: Option<String>) {
         match self.lock().streams.get_mut(&id) {
-            Some(s) => s.uplink = Some(task),
+            Some(s) => {
+                s.uplink = Some(task);
+                s.local = local;
+            }
             None => task.abort(),
         }
     }

@@ -32,6 +32,10 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
     let Some(io) = shared.stream_io(id) else {
         return;
     };
+    let local = match &sock {
+        LocalStream::Tcp(s) => s.peer_addr().ok().map(|a| a.to_string()),
+        LocalStream::Unix(_) => None,
+    };
     let up = match sock {
         LocalStream::Tcp(sock) => {
             let _ = longhaul_carrier::tune_socket(&sock);
@@ -45,7 +49,7 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
             tokio::spawn(uplink(shared.clone(), id, io, r))
         }
     };
-    shared.set_uplink(id, up.abort_handle());
+    shared.set_uplink(id, up.abort_handle(), local);
 }
 
 /// Local socket → DATA frames, as fast as the peer's credit and the

@@ -125,3 +125,14 @@ pub fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `longhaul keygen --out PATH`: the new key's fingerprint.
+pub fn keygen(path: &std::path::Path) -> String {
+    let out = Command::new(BIN)
+        .args(["keygen", "--out"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
