@@ -21,6 +21,7 @@ pub mod policy;
 mod reconnect;
 pub mod rules;
 pub mod server;
+mod server_acceptor;
 pub mod socks5;
 pub mod spec;
 pub mod status;
