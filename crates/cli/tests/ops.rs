@@ -334,6 +334,23 @@ fn a_config_file_runs_the_server_and_sighup_reloads_keys_live() {
         .unwrap()
         .contains("server.toml:8: unknown key 'lisen'"));
     assert!(round_trip(lb), "still served after a failed reload");
+
+    // Rules that no longer allow an open stream end its session.
+    let held = std::net::TcpStream::connect(("127.0.0.1", lb)).unwrap();
+    let other = free_port();
+    std::fs::write(
+        &cfg,
+        good.replace(&format!("127.0.0.1:{bench}"), &format!("127.0.0.1:{other}")),
+    )
+    .unwrap();
+    // Loopback opens the stream through the tunnel in milliseconds.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    hup();
+    let want = format!("the rules no longer allow its stream to tcp://127.0.0.1:{bench}");
+    wait_until(10, "the session closed for its stream", || {
+        std::fs::read_to_string(&log).unwrap().contains(&want)
+    });
+    drop(held);
     let _ = ca.0.kill();
     drop((ca, cb));
     let _ = std::fs::remove_dir_all(&dir);
