@@ -157,7 +157,6 @@ async fn source(w: &mut (impl AsyncWrite + Unpin), d: Duration) -> std::io::Resu
 /// Reads until EOF (or `d` passes), counting what arrives after `omit`:
 /// bits per second.
 pub async fn sink(r: &mut (impl AsyncRead + Unpin), omit: Duration) -> std::io::Result<f64> {
-    use tokio::io::AsyncReadExt;
     let mut buf = vec![0u8; 256 * 1024];
     let start = Instant::now();
     let (mut bytes, mut since) = (0u64, None::<Instant>);
@@ -166,11 +165,11 @@ pub async fn sink(r: &mut (impl AsyncRead + Unpin), omit: Duration) -> std::io::
         if n == 0 {
             break;
         }
-        if start.elapsed() >= omit {
-            let s = *since.get_or_insert_with(Instant::now);
-            if s.elapsed() > Duration::ZERO {
-                bytes += n as u64;
-            }
+        // The read that opens the window arrived before it: not counted.
+        match since {
+            Some(_) => bytes += n as u64,
+            None if start.elapsed() >= omit => since = Some(Instant::now()),
+            None => {}
         }
     }
     let secs = since.map_or(0.0, |s| s.elapsed().as_secs_f64());

@@ -341,6 +341,8 @@ fn openmetrics_to_text(om: &str) -> String {
     out
 }
 
+/// Scrapes answered at once.
+const MAX_SCRAPES: usize = 16;
 /// Longest request head the endpoint reads.
 const MAX_REQUEST: usize = 8 * 1024;
 /// Time a scraper has to send its request.
@@ -351,11 +353,17 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
     tokio::spawn(async move {
         loop {
             let (mut sock, _) = longhaul_carrier::accept_with_backoff(&listener, "--metrics").await;
+            // More scrapers than this at once: closed without an answer.
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                continue;
+            };
             let m = metrics.clone();
             tokio::spawn(async move {
+                let _permit = permit;
                 let mut buf = Vec::with_capacity(1024);
                 let head = tokio::time::timeout(REQUEST_TIMEOUT, async {
                     let mut chunk = [0u8; 1024];
