@@ -60,6 +60,10 @@ async fn tmpfs_streams_both_ways_within_the_disk_bound() {
     let peak = peak.load(Ordering::SeqCst);
     // Two segments per direction at most.
     assert!(peak <= 4 * SEGMENT, "peak disk use {peak}");
+    // tmpfs raises notifications: a late one (a busy machine) is not
+    // taken for a share that never sends them.
+    let polled = format!("folder {}: changes arrive without", dir.0.display());
+    assert!(!log_contains(&polled), "tmpfs taken for a share");
     // Request/response through the same folder, small and large.
     let echo = echo_server().await;
     let c2 = Client::start(folder_client(&dir.url(), key, echo))
@@ -88,7 +92,11 @@ async fn a_session_resumes_when_its_files_are_removed() {
         before,
         "a new session, not a resume"
     );
-    assert!(log_contains("was removed before its end"));
+    // Found missing by the reader ("was removed before its end") or, when
+    // the reader held the unlinked file open, by silence: either way the
+    // session went on over a new carrier.
+    let resumed = format!("session resumed on a new carrier peer={}", dir.url());
+    assert!(log_contains(&resumed), "no line '{resumed}'");
 }
 
 /// A bindfs mount of `backing` at `mount`, unmounted on drop.

@@ -274,6 +274,26 @@ enum Inlined {
 }
 
 impl Inline {
+    /// Reads every queued notification; true if one was about our files.
+    fn drain_events(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(events) = &mut self.events else {
+            return false;
+        };
+        let mut woke = false;
+        loop {
+            match Pin::new(&mut *events).poll_next(cx) {
+                Poll::Ready(Some(Ok(e))) => {
+                    woke |= self.watch.ours(&e.wd, e.mask, e.name.as_deref());
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.failed = Some(failure(&e));
+                    return woke;
+                }
+                Poll::Ready(None) | Poll::Pending => return woke,
+            }
+        }
+    }
+
     fn poll_read(&mut self, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) -> Inlined {
         loop {
             if !self.buf.is_empty() {
@@ -304,6 +324,11 @@ impl Inline {
                 .step(&mut self.buf, INBOX, false, &mut |p| watch.follow(p));
             match step {
                 Ok(Step::Progress) => {
+                    // A notification that came after the timeout (a busy
+                    // machine) is late, not missing.
+                    if self.pacer.timed_out() && self.drain_events(cx) {
+                        self.pacer.note_wait(false);
+                    }
                     self.pacer.news();
                     if self.pacer.polling() {
                         return Inlined::HandOver;
@@ -323,23 +348,10 @@ impl Inline {
                 }
             }
             // Nothing yet: a notification, or the safety check.
-            let Some(events) = &mut self.events else {
+            if self.events.is_none() {
                 return Inlined::HandOver;
-            };
-            let mut woke = false;
-            loop {
-                match Pin::new(&mut *events).poll_next(cx) {
-                    Poll::Ready(Some(Ok(e))) => {
-                        woke |= self.watch.ours(&e.wd, e.mask, e.name.as_deref());
-                    }
-                    Poll::Ready(Some(Err(e))) => {
-                        self.failed = Some(failure(&e));
-                        break;
-                    }
-                    Poll::Ready(None) | Poll::Pending => break,
-                }
             }
-            if woke || self.failed.is_some() {
+            if self.drain_events(cx) || self.failed.is_some() {
                 self.pacer.note_wait(false);
                 self.timer = None;
                 continue;

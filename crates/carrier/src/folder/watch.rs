@@ -322,6 +322,23 @@ impl Pacer {
         }
     }
 
+    /// Called when a check found news that no notification announces (a
+    /// writer finding its reader's deletion): polls fast again, judges
+    /// nothing.
+    pub fn news_unwatched(&mut self) {
+        self.interval = POLL_MIN;
+        self.timed_out = false;
+    }
+
+    /// Whether the last wait ended by its timeout: the caller may look for
+    /// a notification that came late (a busy machine) before [`news`]
+    /// counts the change as missed.
+    ///
+    /// [`news`]: Pacer::news
+    pub fn timed_out(&self) -> bool {
+        self.timed_out
+    }
+
     /// Called when a check found news (bytes, a file created or deleted).
     pub fn news(&mut self) {
         self.interval = POLL_MIN;

@@ -226,7 +226,8 @@ fn wait_gone(sh: &WriterShared, pacer: &mut Pacer, n: u64) -> io::Result<()> {
         let g = sh.wake.current();
         match fresh_len(&path) {
             Ok(None) => {
-                pacer.news();
+                // No notification tells a writer of this: not a miss.
+                pacer.news_unwatched();
                 return Ok(());
             }
             Err(e) => return Err(sh.files.err("cannot look at", n, e)),
