@@ -2,16 +2,15 @@
 
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context};
-use longhaul_session::{LocalStream, SessionHandle};
+use longhaul_session::{LocalStream, ServicePipe, SessionHandle};
 use rustix::fs::FlockOperation;
 
 use blake3::Hasher;
@@ -37,15 +36,13 @@ impl Remote {
                 .open(SERVICE)
                 .await
                 .map_err(|e| anyhow!("the server refused the file service: {e}"))?;
-            let (ours, theirs) = LocalStream::pair()?;
+            let (ours, theirs) = LocalStream::service(crate::serve::IDLE_LIMIT);
             opened.attach(ours);
             anyhow::Ok(theirs)
         })?;
-        let _ = sock.set_read_timeout(Some(crate::serve::IDLE_LIMIT));
-        let _ = sock.set_write_timeout(Some(crate::serve::IDLE_LIMIT));
         Ok(Conn {
-            out: sock.try_clone()?,
-            input: BufReader::with_capacity(256 * 1024, sock),
+            out: sock.clone(),
+            input: sock,
         })
     }
 }
@@ -71,8 +68,8 @@ pub struct Copied {
 
 /// One stream to the file service.
 pub struct Conn {
-    input: BufReader<UnixStream>,
-    out: UnixStream,
+    input: ServicePipe,
+    out: ServicePipe,
 }
 
 fn lost(e: impl std::fmt::Display) -> anyhow::Error {
@@ -213,7 +210,7 @@ impl Conn {
         c.resumed.fetch_add(start, Ordering::Relaxed);
         // Sends on a thread of its own while this one waits for the answer:
         // a server that fails half-way (disk full) says so at once.
-        let mut out = self.out.try_clone()?;
+        let mut out = self.out.clone();
         let sent = std::thread::scope(|s| {
             let sender = s.spawn(|| -> Result<wire::Hash, TransferError> {
                 out.write_all(&start.to_be_bytes())
@@ -222,15 +219,15 @@ impl Conn {
             });
             // The read timeout only guards a silent server, not a long send.
             let answer = loop {
-                match self.input.fill_buf() {
+                match self.input.wait_readable() {
                     Err(e) if is_timeout(&e) && !sender.is_finished() => continue,
                     Err(e) => break Err(wire::WireError::Io(e)),
-                    Ok(_) => break wire::read_status(&mut self.input),
+                    Ok(()) => break wire::read_status(&mut self.input),
                 }
             };
             if !matches!(answer, Ok(Ok(()))) && !sender.is_finished() {
                 // Answered early: stop sending.
-                let _ = self.out.shutdown(std::net::Shutdown::Both);
+                self.out.shutdown(true);
             }
             (sender.join(), answer)
         });

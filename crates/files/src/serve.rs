@@ -1,19 +1,18 @@
-//! The server's side: one thread per stream, plain blocking I/O on one end
-//! of a socket pair whose other end the session relays.
+//! The server's side: one thread per stream, plain blocking I/O on the
+//! service end of an in-process pipe whose other end the session relays.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{BufReader, Write};
+use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use longhaul_session::LocalStream;
+use longhaul_session::{LocalStream, ServicePipe};
 use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
 
 use blake3::Hasher;
@@ -23,8 +22,9 @@ use crate::transfer::{self, receive_file, send_file, TransferError, Version};
 use crate::wire::{self, Kind, Request};
 use crate::Access;
 
-/// File streams served at once (each a thread with up to 1.3 MiB of
-/// buffers); more are refused.
+/// File streams served at once (each a thread, with its pipe's 2 ×
+/// [`longhaul_session::PIPE_QUEUE`] and a block being read); more are
+/// refused.
 pub const MAX_FILE_STREAMS: usize = 64;
 /// A peer that neither sends nor reads for this long loses its stream.
 pub const IDLE_LIMIT: Duration = Duration::from_secs(120);
@@ -38,7 +38,7 @@ pub struct FileServer {
     /// the older one, whose client is most likely gone (its session kept
     /// for a resume that will not come) — so that running the same command
     /// again after Ctrl-C or a lost network resumes at once.
-    writers: Mutex<HashMap<String, (u64, UnixStream)>>,
+    writers: Mutex<HashMap<String, (u64, ServicePipe)>>,
     next_writer: AtomicU64,
 }
 
@@ -57,38 +57,32 @@ impl FileServer {
     }
 
     /// Starts serving a stream for `peer` with `access`; returns the end
-    /// the session relays. Must run inside the runtime.
+    /// the session relays.
     pub fn accept(self: &Arc<Self>, access: Access, peer: String) -> Result<LocalStream, String> {
         if self.busy.fetch_add(1, Ordering::AcqRel) >= MAX_FILE_STREAMS {
             self.busy.fetch_sub(1, Ordering::AcqRel);
             return Err(format!("file service busy ({MAX_FILE_STREAMS} streams)"));
         }
-        let started = LocalStream::pair()
-            .map_err(|e| e.to_string())
-            .and_then(|(ours, theirs)| {
-                let me = self.clone();
-                std::thread::Builder::new()
-                    .name("files".into())
-                    .spawn(move || {
-                        me.serve(theirs, access, &peer);
-                        me.busy.fetch_sub(1, Ordering::AcqRel);
-                    })
-                    .map(|_| ours)
-                    .map_err(|e| e.to_string())
-            });
+        let (ours, theirs) = LocalStream::service(IDLE_LIMIT);
+        let me = self.clone();
+        let started = std::thread::Builder::new()
+            .name("files".into())
+            .spawn(move || {
+                me.serve(theirs, access, &peer);
+                me.busy.fetch_sub(1, Ordering::AcqRel);
+            })
+            .map(|_| ours)
+            .map_err(|e| e.to_string());
         if started.is_err() {
             self.busy.fetch_sub(1, Ordering::AcqRel);
         }
         started
     }
 
-    fn serve(&self, sock: UnixStream, access: Access, peer: &str) {
-        let _ = sock.set_read_timeout(Some(IDLE_LIMIT));
-        let _ = sock.set_write_timeout(Some(IDLE_LIMIT));
-        let Ok(out) = sock.try_clone() else { return };
+    fn serve(&self, sock: ServicePipe, access: Access, peer: &str) {
         let mut conn = Conn {
-            input: BufReader::with_capacity(64 * 1024, sock),
-            out,
+            out: sock.clone(),
+            input: sock,
         };
         loop {
             let req = match Request::read(&mut conn.input) {
@@ -122,7 +116,7 @@ impl FileServer {
                     // still sends is read and dropped until it stops (a
                     // reset could overtake the answer).
                     let _ = wire::write_err(&mut conn.out, &why);
-                    let _ = conn.out.shutdown(std::net::Shutdown::Write);
+                    conn.out.shutdown(false);
                     let _ = std::io::copy(&mut conn.input, &mut std::io::sink());
                     return;
                 }
@@ -306,7 +300,7 @@ impl FileServer {
         }
         if let Some((_, old)) = self.writers().get(path) {
             tracing::info!(%peer, %path, "a new upload of this file ends the earlier one");
-            let _ = old.shutdown(std::net::Shutdown::Both);
+            old.shutdown(true);
         }
         let deadline = std::time::Instant::now() + TAKEOVER_WAIT;
         while std::time::Instant::now() < deadline {
@@ -320,19 +314,18 @@ impl FileServer {
         ))
     }
 
-    fn writers(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, UnixStream)>> {
+    fn writers(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, ServicePipe)>> {
         self.writers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn register(&self, path: &str, sock: &UnixStream) -> Option<Registered<'_>> {
+    fn register(&self, path: &str, sock: &ServicePipe) -> Registered<'_> {
         let id = self.next_writer.fetch_add(1, Ordering::Relaxed);
-        let sock = sock.try_clone().ok()?;
-        self.writers().insert(path.to_string(), (id, sock));
-        Some(Registered {
+        self.writers().insert(path.to_string(), (id, sock.clone()));
+        Registered {
             server: self,
             path: path.to_string(),
             id,
-        })
+        }
     }
 }
 
@@ -376,8 +369,8 @@ fn show(rel: &RelPath) -> String {
 }
 
 struct Conn {
-    input: BufReader<UnixStream>,
-    out: UnixStream,
+    input: ServicePipe,
+    out: ServicePipe,
 }
 
 impl Conn {

@@ -3,11 +3,12 @@
 //! file end to end (both sides' disks included).
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use blake3::Hasher;
+use longhaul_session::ServicePipe;
 
 use crate::wire::{self, Hash, WireError, MAX_BLOCK};
 
@@ -86,19 +87,25 @@ impl Version {
 /// an error if the file could not be read or changed meanwhile. Returns
 /// the hash sent. `sent` counts file bytes as they go.
 pub fn send_file(
-    out: &mut impl Write,
+    out: &mut ServicePipe,
     file: &File,
     start: u64,
     version: Version,
     mut hasher: Hasher,
     sent: &AtomicU64,
 ) -> Result<Hash, TransferError> {
-    let mut buf = vec![0u8; 4 + SEND_BLOCK];
     let mut at = start;
     let mut failure = None;
     while at < version.size {
         let want = (version.size - at).min(SEND_BLOCK as u64) as usize;
-        let n = match file.read_at(&mut buf[4..4 + want], at) {
+        // A buffer per block: the session sends it as it is (and, with
+        // resume, keeps it until the peer has it). Read into its spare
+        // capacity (exactly `want`): no pass to zero it first.
+        let mut buf: Vec<u8> = Vec::with_capacity(4 + want);
+        buf.extend_from_slice(&[0; 4]);
+        let n = match rustix::io::pread(file, rustix::buffer::spare_capacity(&mut buf), at)
+            .map_err(io::Error::from)
+        {
             Ok(0) => {
                 failure = Some(format!(
                     "the file shrank while being read (at byte {at} of {})",
@@ -115,8 +122,7 @@ pub fn send_file(
         };
         hasher.update(&buf[4..4 + n]);
         buf[..4].copy_from_slice(&(n as u32).to_be_bytes());
-        out.write_all(&buf[..4 + n])
-            .map_err(TransferError::Stream)?;
+        out.send(buf.into()).map_err(TransferError::Stream)?;
         at += n as u64;
         sent.fetch_add(n as u64, Ordering::Relaxed);
     }
@@ -149,14 +155,13 @@ pub fn send_file(
 /// exactly `size - start` bytes, and checks the sender's hash against
 /// ours (`hasher` holds the first `start` bytes). Returns the hash.
 pub fn receive_file(
-    input: &mut impl Read,
+    input: &mut ServicePipe,
     file: &File,
     start: u64,
     size: u64,
     mut hasher: Hasher,
     received: &AtomicU64,
 ) -> Result<Hash, TransferError> {
-    let mut buf = Vec::new();
     let mut at = start;
     loop {
         let n = wire::read_u32(input).map_err(TransferError::Stream)? as usize;
@@ -169,17 +174,20 @@ pub fn receive_file(
         if at + n as u64 > size {
             return Err(WireError::Bad("more data than the file's size").into());
         }
-        if buf.len() < n {
-            buf.resize(n, 0);
+        // The block as it arrived, in the session's own buffers.
+        let mut left = n;
+        while left > 0 {
+            let d = input.read_chunk(left).map_err(TransferError::Stream)?;
+            if d.is_empty() {
+                return Err(TransferError::Stream(io::ErrorKind::UnexpectedEof.into()));
+            }
+            hasher.update(&d);
+            file.write_all_at(&d, at)
+                .map_err(|e| TransferError::Write(format!("writing failed at byte {at}: {e}")))?;
+            at += d.len() as u64;
+            left -= d.len();
+            received.fetch_add(d.len() as u64, Ordering::Relaxed);
         }
-        input
-            .read_exact(&mut buf[..n])
-            .map_err(TransferError::Stream)?;
-        hasher.update(&buf[..n]);
-        file.write_all_at(&buf[..n], at)
-            .map_err(|e| TransferError::Write(format!("writing failed at byte {at}: {e}")))?;
-        at += n as u64;
-        received.fetch_add(n as u64, Ordering::Relaxed);
     }
     if let Err(msg) = wire::read_status(input)? {
         return Err(TransferError::Peer(msg));

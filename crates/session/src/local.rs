@@ -1,6 +1,6 @@
-//! The local end of a stream: a TCP connection (forwards, targets) or one
-//! end of a Unix socket pair (a service inside this process, such as the
-//! file service, which then runs on plain blocking I/O).
+//! The local end of a stream: a TCP connection (forwards, targets), one
+//! end of a Unix socket pair, or an in-process pipe to a service that runs
+//! on plain blocking I/O (the file service; see [`crate::pipe`]).
 
 use std::future::Future;
 use std::io;
@@ -14,6 +14,7 @@ use tokio::net::{tcp, unix, TcpStream, UnixStream};
 pub enum LocalStream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    Service(crate::pipe::PumpEnd),
 }
 
 impl From<TcpStream> for LocalStream {
@@ -35,6 +36,14 @@ impl LocalStream {
         let (a, b) = std::os::unix::net::UnixStream::pair()?;
         a.set_nonblocking(true)?;
         Ok((LocalStream::Unix(UnixStream::from_std(a)?), b))
+    }
+
+    /// An in-process pipe: the first end for a stream's pumps, the second
+    /// for a service on its own threads, whose reads and writes fail after
+    /// `idle` without progress.
+    pub fn service(idle: std::time::Duration) -> (LocalStream, crate::pipe::ServicePipe) {
+        let (pumps, svc) = crate::pipe::pipe(idle);
+        (LocalStream::Service(pumps), svc)
     }
 }
 

@@ -17,7 +17,7 @@ use crate::runtime::{Shared, StreamIo};
 
 /// Largest single read from a local socket; split into frames of at most
 /// the peer's maximum packet size without copying.
-const UPLINK_READ: usize = 256 * 1024;
+pub(crate) const UPLINK_READ: usize = 256 * 1024;
 /// First read of a new stream; reads grow while they come back full, and a
 /// stream keeps its size across pauses (the buffer itself is released
 /// while the socket is idle, so the size costs nothing then), so a
@@ -34,7 +34,7 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
     };
     let local = match &sock {
         LocalStream::Tcp(s) => s.peer_addr().ok().map(|a| a.to_string()),
-        LocalStream::Unix(_) => None,
+        LocalStream::Unix(_) | LocalStream::Service(_) => None,
     };
     let up = match sock {
         LocalStream::Tcp(sock) => {
@@ -47,6 +47,16 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
             let (r, w) = sock.into_split();
             tokio::spawn(downlink(shared.clone(), id, io.clone(), w));
             tokio::spawn(uplink(shared.clone(), id, io, r))
+        }
+        LocalStream::Service(pipe) => {
+            let (r, w) = pipe.split();
+            tokio::spawn(crate::pipe_pumps::downlink(
+                shared.clone(),
+                id,
+                io.clone(),
+                w,
+            ));
+            tokio::spawn(crate::pipe_pumps::uplink(shared.clone(), id, io, r))
         }
     };
     shared.set_uplink(id, up.abort_handle(), local);
@@ -115,13 +125,13 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: 
     }
 }
 
-fn fail(shared: &Arc<Shared>, id: u32, err: io::Error) {
+pub(crate) fn fail(shared: &Arc<Shared>, id: u32, err: io::Error) {
     tracing::debug!(stream = id, "local socket failed: {err}");
     shared.with(|m, _| m.abort(id));
 }
 
 /// Buffers handed to one vectored write towards a local socket.
-const MAX_WRITE_IOV: usize = 64;
+pub(crate) const MAX_WRITE_IOV: usize = 64;
 
 /// Inbound DATA → local socket; credit goes back only for written bytes.
 pub(crate) async fn downlink(
@@ -172,7 +182,7 @@ pub(crate) async fn downlink(
 
 /// Accounts bytes written to the local socket; the core returns credit to
 /// the peer when the window says it is time.
-fn credit_delivered(shared: &Arc<Shared>, id: u32, total: usize) {
+pub(crate) fn credit_delivered(shared: &Arc<Shared>, id: u32, total: usize) {
     shared.with(|m, now| m.delivered(id, total, now));
 }
 

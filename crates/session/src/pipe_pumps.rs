@@ -1,0 +1,97 @@
+//! The two pumps of a stream whose local end is an in-process pipe
+//! ([`crate::pipe`]): the same rules as a socket's ([`crate::stream`]) —
+//! the peer's credit limits the uplink, and credit goes back only for
+//! bytes the pipe took — with buffers handed over instead of copied.
+
+use std::sync::Arc;
+
+use crate::inbound::Part;
+use crate::pipe::{PipeSink, PipeSource, Refused, Taken};
+use crate::runtime::{Shared, StreamIo};
+use crate::stream::{credit_delivered, fail, MAX_WRITE_IOV, UPLINK_READ};
+
+/// The service's bytes → DATA frames, as the peer's credit allows.
+pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, src: PipeSource) {
+    loop {
+        let room = loop {
+            match shared.with(|m, _| m.send_room(id)) {
+                None => return,
+                Some(0) => {
+                    shared
+                        .window_stalls
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Some(n) => break n.min(UPLINK_READ),
+            }
+            io.up.notified().await;
+        };
+        let data = loop {
+            match src.take(room) {
+                Taken::Data(d) => break d,
+                Taken::End => return shared.with(|m, _| m.send_eof(id)),
+                Taken::Empty => src.wait().await,
+            }
+        };
+        shared.with(|m, _| m.send(id, data));
+    }
+}
+
+/// Inbound DATA → the service.
+pub(crate) async fn downlink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, sink: PipeSink) {
+    let mut pending: Vec<Part> = Vec::new();
+    loop {
+        let (eof, closed, reset) = {
+            let mut ib = io.inbox();
+            ib.q.take(&mut pending, MAX_WRITE_IOV);
+            (
+                ib.q.eof && ib.q.is_empty(),
+                ib.closed && ib.q.is_empty(),
+                ib.reset,
+            )
+        };
+        if reset {
+            return sink.reset();
+        }
+        if pending.is_empty() && !eof {
+            if closed {
+                return;
+            }
+            io.down.notified().await;
+            continue;
+        }
+        let mut blocked = false;
+        while !pending.is_empty() {
+            match sink.push(&mut pending) {
+                Ok(n) => credit_delivered(&shared, id, n),
+                Err(Refused::Full) => {
+                    if !blocked {
+                        // As on a full socket: what the stream still holds
+                        // keeps only its own bytes.
+                        blocked = true;
+                        crate::inbound::compact_parts(&mut pending);
+                        let mut ib = io.inbox();
+                        ib.blocked = true;
+                        ib.q.compact();
+                    }
+                    sink.wait().await;
+                }
+                Err(Refused::Gone) => {
+                    return fail(
+                        &shared,
+                        id,
+                        std::io::Error::from(std::io::ErrorKind::BrokenPipe),
+                    )
+                }
+            }
+        }
+        if blocked {
+            io.inbox().blocked = false;
+        }
+        pending = Vec::new();
+        if eof {
+            sink.end();
+            shared.with(|m, _| m.eof_delivered(id));
+            return;
+        }
+    }
+}
