@@ -123,6 +123,33 @@ pub fn config_path(name: &str) -> Option<std::path::PathBuf> {
 pub(crate) fn parse_delay(s: &str) -> Result<std::time::Duration, String> {
     longhaul_netem::parse_duration(s)
 }
+
+/// A timeout or an age: `500ms`, `90s`, `30m`, `2h`, `7d`, `0`; at most 30
+/// days.
+pub(crate) fn parse_span(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let err = || format!("'{s}' is not a duration (use e.g. 500ms, 90s, 30m, 2h, 7d)");
+    let digits = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let mult = match unit {
+        "" if num.parse::<f64>() == Ok(0.0) => 1.0,
+        "us" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        "d" => 86_400.0,
+        _ => return Err(err()),
+    };
+    let v: f64 = num.parse().map_err(|_| err())?;
+    let secs = v * mult;
+    if !(0.0..=30.0 * 86_400.0).contains(&secs) {
+        return Err(format!("'{s}' is out of range (0 to 30d)"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
 pub(crate) fn parse_rate(s: &str) -> Result<u64, String> {
     longhaul_netem::parse_rate(s)
 }
@@ -259,19 +286,19 @@ pub struct SessionArgs {
     #[arg(long, value_name = "ALGO")]
     pub congestion: Option<String>,
     /// Time allowed for a carrier's TLS, WebSocket upgrade, authentication and hello.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_delay)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_span)]
     pub handshake_timeout: std::time::Duration,
     /// Close a session with no stream open and no data moving for this long (0: never; default: 1h on a server in native mode, where clients come back on demand; never otherwise).
-    #[arg(long, value_name = "DURATION", value_parser = parse_delay)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_span)]
     pub idle_timeout: Option<std::time::Duration>,
     /// Bytes sent and not yet acknowledged kept for a replay after a carrier drop; the sender waits when it is full (auto: twice this machine's largest TCP send plus receive buffer, 16m to 256m).
     #[arg(long, value_name = "SIZE", default_value = "auto", value_parser = parse_replay_size)]
     pub replay_buffer: u64,
     /// How long a session whose carrier dropped is kept for a resume (server), or tried (client, then a new session starts).
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_delay)]
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_span)]
     pub resume_timeout: std::time::Duration,
     /// Nothing heard from the peer for this long: the carrier is dead (a resumable session moves to a new one).
-    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_delay)]
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_span)]
     pub dead_after: std::time::Duration,
 }
 
@@ -422,6 +449,9 @@ pub struct ServerArgs {
     /// What clients authenticated by --token (or anyone, with --insecure) may do in --files: ro or rw (default: nothing).
     #[arg(long, value_name = "ro|rw", requires = "files")]
     pub files_for_token: Option<longhaul_files::Access>,
+    /// Remove partial uploads in --files left untouched this long (checked hourly; 0: keep them).
+    #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = parse_span)]
+    pub files_keep_partial: std::time::Duration,
     /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9090).
     #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
     pub metrics: Option<SocketAddr>,
@@ -551,4 +581,23 @@ pub struct DoctorArgs {
     pub conn: ConnectArgs,
     #[command(flatten)]
     pub session: SessionArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_span;
+    use std::time::Duration;
+
+    #[test]
+    fn spans_take_units_up_to_days() {
+        assert_eq!(parse_span("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_span("300s"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_span("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(parse_span("1.5m"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_span("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_span("0"), Ok(Duration::ZERO));
+        for bad in ["", "h", "5", "5x", "-1s", "31d", "1e9s", "s5"] {
+            assert!(parse_span(bad).is_err(), "{bad}");
+        }
+    }
 }

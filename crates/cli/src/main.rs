@@ -227,6 +227,9 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
         let files = longhaul_files::serve::FileServer::open(dir)
             .map_err(|e| anyhow::anyhow!("--files {}: {e}", dir.display()))?;
         tracing::info!("offering {} to 'longhaul cp'", dir.display());
+        if !a.files_keep_partial.is_zero() {
+            files.sweep_partial_every_hour(a.files_keep_partial);
+        }
         cfg.files = Some(files);
         cfg.files_without_key = a.files_for_token;
     }

@@ -6,7 +6,7 @@ mod common;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -26,8 +26,9 @@ impl Fixture {
         Fixture::start_with(name, files, &[])
     }
 
-    /// With more `--listen` URLs beside TLS on loopback.
-    fn start_with(name: &str, files: Option<PathBuf>, listen: &[String]) -> Fixture {
+    /// With more server arguments (e.g. `--listen` URLs beside TLS on
+    /// loopback).
+    fn start_with(name: &str, files: Option<PathBuf>, more: &[String]) -> Fixture {
         let dir = tmpdir(name);
         let files = files.unwrap_or_else(|| {
             let f = dir.join("served");
@@ -45,10 +46,7 @@ impl Fixture {
         .unwrap();
         let port = free_port();
         let log = dir.join("server.log");
-        let mut more = vec![];
-        for l in listen {
-            more.extend(["--listen", l.as_str()]);
-        }
+        let more: Vec<&str> = more.iter().map(String::as_str).collect();
         let server = spawn_logged(
             &[
                 &[
@@ -473,6 +471,49 @@ fn bad_cp_arguments_get_one_line() {
 }
 
 #[test]
+fn partial_uploads_nobody_resumes_are_removed_in_time() {
+    let base = tmpdir("cp-sweep");
+    let served = base.join("served");
+    std::fs::create_dir_all(served.join("deep")).unwrap();
+    let ten_days_ago = std::time::SystemTime::now() - Duration::from_secs(10 * 86_400);
+    for (name, old) in [
+        (".old.iso.longhaul-part", true),
+        ("deep/.old2.iso.longhaul-part", true),
+        (".new.iso.longhaul-part", false),
+        ("kept.iso", true),
+    ] {
+        let f = std::fs::File::create(served.join(name)).unwrap();
+        if old {
+            f.set_modified(ten_days_ago).unwrap();
+        }
+    }
+    let f = Fixture::start_with(
+        "cp-sweep-srv",
+        Some(served.clone()),
+        &["--files-keep-partial".into(), "2d".into()],
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let said = "removed 2 partial upload(s)";
+    while !f.server_log().contains(said) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(f.server_log().contains(said), "{}", f.server_log());
+    assert!(!served.join(".old.iso.longhaul-part").exists());
+    assert!(!served.join("deep/.old2.iso.longhaul-part").exists());
+    assert!(served.join(".new.iso.longhaul-part").exists());
+    assert!(served.join("kept.iso").exists());
+    // A bad age is one line that says what to write instead.
+    let out = Command::new(BIN)
+        .args(["server", "--files-keep-partial", "a week"])
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("7d"), "{err}");
+}
+
+#[test]
 fn cp_works_over_every_carrier() {
     let ws_port = free_port();
     let base = tmpdir("cp-carriers");
@@ -482,7 +523,9 @@ fn cp_works_over_every_carrier() {
         "cp-carriers-srv",
         None,
         &[
+            "--listen".into(),
             format!("ws://127.0.0.1:{ws_port}/lh"),
+            "--listen".into(),
             format!("dir://{}", share.display()),
         ],
     );

@@ -292,6 +292,85 @@ fn list_into(
     Ok(())
 }
 
+/// Entries a sweep for stale partial uploads looks at, at most.
+const MAX_SWEEP: usize = 1_000_000;
+
+impl Root {
+    /// Removes the partial uploads (`.NAME.longhaul-part`) under the folder
+    /// that nothing has written for `max_age` and no upload holds (they
+    /// are locked while one runs); returns how many. Looks at no more than
+    /// [`MAX_SWEEP`] entries; never follows a symbolic link.
+    pub fn sweep_parts(&self, max_age: std::time::Duration) -> usize {
+        let Ok(dir) = rustix::fs::openat(
+            &self.dir,
+            ".",
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            return 0;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let oldest = now.saturating_sub(max_age).as_secs() as i64;
+        let mut budget = MAX_SWEEP;
+        sweep_into(dir, 0, oldest, &mut budget)
+    }
+}
+
+fn sweep_into(dir: OwnedFd, depth: usize, oldest: i64, budget: &mut usize) -> usize {
+    let Ok(entries) = rustix::fs::Dir::read_from(&dir) else {
+        return 0;
+    };
+    let (mut subdirs, mut removed) = (vec![], 0);
+    for e in entries {
+        let Ok(e) = e else { break };
+        if *budget == 0 {
+            break;
+        }
+        *budget -= 1;
+        let name = OsStr::from_bytes(e.file_name().to_bytes()).to_owned();
+        if name == "." || name == ".." {
+            continue;
+        }
+        let Ok(st) = rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory if depth < MAX_DEPTH => subdirs.push(name),
+            FileType::RegularFile if is_part_name(name.as_bytes()) && st.st_mtime < oldest => {
+                let Ok(f) = rustix::fs::openat(
+                    &dir,
+                    &name,
+                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                ) else {
+                    continue;
+                };
+                // Held by an upload that is running: not stale.
+                if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                    .is_ok()
+                    && rustix::fs::unlinkat(&dir, &name, AtFlags::empty()).is_ok()
+                {
+                    removed += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    for name in subdirs {
+        if let Ok(sub) = rustix::fs::openat(
+            &dir,
+            &name,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            removed += sweep_into(sub, depth + 1, oldest, budget);
+        }
+    }
+    removed
+}
+
 /// Whether a name is a partial copy's (`.NAME.longhaul-part`).
 pub fn is_part_name(name: &[u8]) -> bool {
     name.starts_with(b".") && name.ends_with(PART_SUFFIX.as_bytes())
@@ -322,6 +401,47 @@ mod tests {
             &[b"a".to_vec(), b"b".to_vec()]
         );
         assert!(RelPath::parse(b"").unwrap().components().is_empty());
+    }
+
+    #[test]
+    fn stale_partial_uploads_are_swept_and_nothing_else() {
+        use std::time::{Duration, SystemTime};
+        let base = std::env::temp_dir().join(format!("lh-sweep-{}", std::process::id()));
+        let (root, outside) = (base.join("root"), base.join("outside"));
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let week_ago = SystemTime::now() - Duration::from_secs(8 * 86_400);
+        let make = |p: PathBuf, old: bool| {
+            let f = File::create(&p).unwrap();
+            if old {
+                f.set_modified(week_ago).unwrap();
+            }
+            f
+        };
+        make(root.join(".a.longhaul-part"), true);
+        make(root.join("sub/.b.longhaul-part"), true);
+        make(root.join(".fresh.longhaul-part"), false);
+        make(root.join("old-but-whole.iso"), true);
+        let held = make(root.join(".held.longhaul-part"), true);
+        rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).unwrap();
+        make(outside.join(".c.longhaul-part"), true);
+        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+
+        let r = Root::open(&root).unwrap();
+        assert_eq!(r.sweep_parts(Duration::from_secs(7 * 86_400)), 2);
+        assert!(!root.join(".a.longhaul-part").exists());
+        assert!(!root.join("sub/.b.longhaul-part").exists());
+        for kept in [
+            ".fresh.longhaul-part",
+            "old-but-whole.iso",
+            ".held.longhaul-part",
+        ] {
+            assert!(root.join(kept).exists(), "{kept} removed");
+        }
+        assert!(outside.join(".c.longhaul-part").exists(), "followed a link");
+        drop(held);
+        assert_eq!(r.sweep_parts(Duration::from_secs(7 * 86_400)), 1);
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

@@ -26,6 +26,8 @@ use crate::Access;
 /// [`longhaul_session::PIPE_QUEUE`] and a block being read); more are
 /// refused.
 pub const MAX_FILE_STREAMS: usize = 64;
+/// How often stale partial uploads are looked for.
+const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 /// A peer that neither sends nor reads for this long loses its stream.
 pub const IDLE_LIMIT: Duration = Duration::from_secs(120);
 
@@ -50,6 +52,27 @@ impl FileServer {
             writers: Mutex::default(),
             next_writer: AtomicU64::new(0),
         }))
+    }
+
+    /// Removes partial uploads untouched for `max_age` now and every hour,
+    /// on a thread that ends with the server.
+    pub fn sweep_partial_every_hour(self: &Arc<Self>, max_age: Duration) {
+        let me = Arc::downgrade(self);
+        let _ = std::thread::Builder::new()
+            .name("files-sweep".into())
+            .spawn(move || loop {
+                let Some(server) = me.upgrade() else { return };
+                let n = server.root.sweep_parts(max_age);
+                if n > 0 {
+                    tracing::info!(
+                        "removed {n} partial upload(s) untouched for {}s under {}",
+                        max_age.as_secs(),
+                        server.root.path.display()
+                    );
+                }
+                drop(server);
+                std::thread::sleep(SWEEP_EVERY);
+            });
     }
 
     pub fn path(&self) -> &Path {
