@@ -8,22 +8,13 @@ use std::sync::Arc;
 use crate::inbound::Part;
 use crate::pipe::{PipeSink, PipeSource, Refused, Taken};
 use crate::runtime::{Shared, StreamIo};
-use crate::stream::{credit_delivered, fail, MAX_WRITE_IOV, UPLINK_READ};
+use crate::stream::{credit_delivered, fail, send_room, take_inbound, Inbound};
 
 /// The service's bytes → DATA frames, as the peer's credit allows.
 pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, src: PipeSource) {
     loop {
-        let room = loop {
-            match shared.with(|m, _| m.send_room(id)) {
-                None => return,
-                Some(0) => {
-                    shared
-                        .window_stalls
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                Some(n) => break n.min(UPLINK_READ),
-            }
-            io.up.notified().await;
+        let Some(room) = send_room(&shared, id, &io).await else {
+            return;
         };
         let data = loop {
             match src.take(room) {
@@ -40,15 +31,7 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, src:
 pub(crate) async fn downlink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, sink: PipeSink) {
     let mut pending: Vec<Part> = Vec::new();
     loop {
-        let (eof, closed, reset) = {
-            let mut ib = io.inbox();
-            ib.q.take(&mut pending, MAX_WRITE_IOV);
-            (
-                ib.q.eof && ib.q.is_empty(),
-                ib.closed && ib.q.is_empty(),
-                ib.reset,
-            )
-        };
+        let Inbound { eof, closed, reset } = take_inbound(&io, &mut pending);
         if reset {
             return sink.reset();
         }

@@ -17,7 +17,7 @@ use crate::runtime::{Shared, StreamIo};
 
 /// Largest single read from a local socket; split into frames of at most
 /// the peer's maximum packet size without copying.
-pub(crate) const UPLINK_READ: usize = 256 * 1024;
+const UPLINK_READ: usize = 256 * 1024;
 /// First read of a new stream; reads grow while they come back full, and a
 /// stream keeps its size across pauses (the buffer itself is released
 /// while the socket is idle, so the size costs nothing then), so a
@@ -70,17 +70,8 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: 
     let mut alloc = 0;
     let mut size = UPLINK_FIRST_READ;
     loop {
-        let n = loop {
-            match shared.with(|m, _| m.send_room(id)) {
-                None => return,
-                Some(0) => {
-                    shared
-                        .window_stalls
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                Some(n) => break n.min(UPLINK_READ),
-            }
-            io.up.notified().await;
+        let Some(n) = send_room(&shared, id, &io).await else {
+            return;
         };
         // Readiness first: an idle socket holds no buffer.
         if buf.capacity() == 0 {
@@ -125,13 +116,49 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: 
     }
 }
 
+/// Waits until stream `id` may send (the peer's credit and the stream's
+/// send queue); how much, at most [`UPLINK_READ`]. None once it never may.
+pub(crate) async fn send_room(shared: &Arc<Shared>, id: u32, io: &StreamIo) -> Option<usize> {
+    loop {
+        match shared.with(|m, _| m.send_room(id)) {
+            None => return None,
+            Some(0) => {
+                shared
+                    .window_stalls
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Some(n) => return Some(n.min(UPLINK_READ)),
+        }
+        io.up.notified().await;
+    }
+}
+
+/// Moves what stream `id` received into `pending` (at most
+/// [`MAX_WRITE_IOV`] parts); says whether the stream's data has ended
+/// (EOF, or closed), and whether it was reset.
+pub(crate) fn take_inbound(io: &StreamIo, pending: &mut Vec<Part>) -> Inbound {
+    let mut ib = io.inbox();
+    ib.q.take(pending, MAX_WRITE_IOV);
+    Inbound {
+        eof: ib.q.eof && ib.q.is_empty(),
+        closed: ib.closed && ib.q.is_empty(),
+        reset: ib.reset,
+    }
+}
+
+pub(crate) struct Inbound {
+    pub eof: bool,
+    pub closed: bool,
+    pub reset: bool,
+}
+
 pub(crate) fn fail(shared: &Arc<Shared>, id: u32, err: io::Error) {
     tracing::debug!(stream = id, "local socket failed: {err}");
     shared.with(|m, _| m.abort(id));
 }
 
 /// Buffers handed to one vectored write towards a local socket.
-pub(crate) const MAX_WRITE_IOV: usize = 64;
+const MAX_WRITE_IOV: usize = 64;
 
 /// Inbound DATA → local socket; credit goes back only for written bytes.
 pub(crate) async fn downlink(
@@ -142,15 +169,7 @@ pub(crate) async fn downlink(
 ) {
     let mut pending: Vec<Part> = Vec::new();
     loop {
-        let (eof, closed, reset) = {
-            let mut ib = io.inbox();
-            ib.q.take(&mut pending, MAX_WRITE_IOV);
-            (
-                ib.q.eof && ib.q.is_empty(),
-                ib.closed && ib.q.is_empty(),
-                ib.reset,
-            )
-        };
+        let Inbound { eof, closed, reset } = take_inbound(&io, &mut pending);
         if reset {
             wr.reset_on_close();
             return;
