@@ -31,7 +31,7 @@ use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
 use line::{Line, LineConfig, Verdict};
-pub use parse::{parse_duration, parse_loss, parse_rate};
+pub use parse::{parse_duration, parse_loss, parse_rate, parse_span};
 use setup::{configure_link2, configure_side, open_tun_in};
 
 pub const ADDR_A: &str = "198.18.0.1";

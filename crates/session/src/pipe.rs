@@ -345,18 +345,13 @@ impl PipeSink {
         }
         let mut moved = 0;
         let mut n = 0;
-        while n < parts.len() && q.bytes < PIPE_QUEUE {
+        while n < parts.len() && q.bytes + moved < PIPE_QUEUE {
             moved += parts[n].data.len();
-            q.push(std::mem::replace(
-                &mut parts[n],
-                Part {
-                    data: Bytes::new(),
-                    owned: true,
-                },
-            ));
             n += 1;
         }
-        parts.drain(..n);
+        for p in parts.drain(..n) {
+            q.push(p);
+        }
         if n == 0 {
             // The service is slow: what waits for it keeps only its own
             // bytes, not the carrier buffers they arrived in.
