@@ -82,7 +82,8 @@ pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
             let cfg = opts.tls.clone().ok_or_else(|| need_tls(url))?;
             let probe = crate::tcp_probe(&tcp)?;
             let s = tls::connect(Filler::new(tcp, flag.clone())?, cfg).await?;
-            Ok(Carrier::from_io(s, Some(probe), Some(flag), peer))
+            let b = tls::binding(s.get_ref().1);
+            Ok(Carrier::from_io(s, Some(probe), Some(flag), peer).bound(b))
         }
         Transport::Ws { path } => {
             let probe = crate::tcp_probe(&tcp)?;
@@ -94,7 +95,8 @@ pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
             match opts.tls.clone() {
                 Some(cfg) => {
                     let s = tls::connect(w, cfg).await?;
-                    Ok(Carrier::from_io(s, Some(probe), Some(flag), peer))
+                    let b = tls::binding(s.get_ref().1);
+                    Ok(Carrier::from_io(s, Some(probe), Some(flag), peer).bound(b))
                 }
                 None => Ok(Carrier::from_io(w, Some(probe), Some(flag), peer)),
             }
@@ -103,8 +105,9 @@ pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
             let cfg = opts.tls.clone().ok_or_else(|| need_tls(url))?;
             let probe = crate::tcp_probe(&tcp)?;
             let s = tls::connect(Filler::new(tcp, flag.clone())?, cfg).await?;
+            let b = tls::binding(s.get_ref().1);
             let w = ws::connect(s, &format!("wss://{addr}{path}")).await?;
-            Ok(Carrier::from_io(w, Some(probe), Some(flag), peer))
+            Ok(Carrier::from_io(w, Some(probe), Some(flag), peer).bound(b))
         }
     }
 }
@@ -117,12 +120,11 @@ async fn over_folder(
 ) -> io::Result<Carrier> {
     let peer = stream.peer.clone();
     match tls {
-        Some(cfg) => Ok(Carrier::from_io(
-            tls::connect(stream, cfg).await?,
-            None,
-            None,
-            peer,
-        )),
+        Some(cfg) => {
+            let s = tls::connect(stream, cfg).await?;
+            let b = tls::binding(s.get_ref().1);
+            Ok(Carrier::from_io(s, None, None, peer).bound(b))
+        }
         None => Ok(Carrier::from_folder(stream)),
     }
 }
@@ -137,7 +139,8 @@ pub async fn accept_folder(
     match tls_cfg {
         Some(cfg) => {
             let (s, fp) = tls::accept(stream, cfg).await?;
-            Ok((Carrier::from_io(s, None, None, peer), fp))
+            let b = tls::binding(s.get_ref().1);
+            Ok((Carrier::from_io(s, None, None, peer).bound(b), fp))
         }
         None => Ok((Carrier::from_folder(stream), None)),
     }
@@ -166,7 +169,11 @@ pub async fn accept(
             crate::tune_carrier_socket(&tcp)?;
             let probe = crate::tcp_probe(&tcp)?;
             let (s, fp) = tls::accept(Filler::new(tcp, flag.clone())?, cfg).await?;
-            Ok((Carrier::from_io(s, Some(probe), Some(flag), peer), fp))
+            let b = tls::binding(s.get_ref().1);
+            Ok((
+                Carrier::from_io(s, Some(probe), Some(flag), peer).bound(b),
+                fp,
+            ))
         }
         Transport::Ws { path } => {
             crate::tune_carrier_socket(&tcp)?;
@@ -175,7 +182,11 @@ pub async fn accept(
             match tls_cfg {
                 Some(cfg) => {
                     let (s, fp) = tls::accept(w, cfg).await?;
-                    Ok((Carrier::from_io(s, Some(probe), Some(flag), peer), fp))
+                    let b = tls::binding(s.get_ref().1);
+                    Ok((
+                        Carrier::from_io(s, Some(probe), Some(flag), peer).bound(b),
+                        fp,
+                    ))
                 }
                 None => Ok((Carrier::from_io(w, Some(probe), Some(flag), peer), None)),
             }
@@ -185,8 +196,12 @@ pub async fn accept(
             crate::tune_carrier_socket(&tcp)?;
             let probe = crate::tcp_probe(&tcp)?;
             let (s, fp) = tls::accept(Filler::new(tcp, flag.clone())?, cfg).await?;
+            let b = tls::binding(s.get_ref().1);
             let w = ws::accept(s, path).await?;
-            Ok((Carrier::from_io(w, Some(probe), Some(flag), peer), fp))
+            Ok((
+                Carrier::from_io(w, Some(probe), Some(flag), peer).bound(b),
+                fp,
+            ))
         }
     }
 }
@@ -231,6 +246,7 @@ fn spawn_command(command: &str) -> io::Result<Carrier> {
         urgent: None,
         urgent_flag: None,
         peer: format!("cmd://{command}"),
+        binding: None,
     })
 }
 
@@ -243,6 +259,7 @@ pub fn stdio() -> Carrier {
         urgent: None,
         urgent_flag: None,
         peer: "stdio".into(),
+        binding: None,
     }
 }
 

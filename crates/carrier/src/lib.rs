@@ -94,6 +94,9 @@ pub struct Carrier {
     pub urgent_flag: Option<UrgentFlag>,
     /// Human-readable description of the far end, for logs.
     pub peer: String,
+    /// What ties an attach proof to this carrier (its TLS exporter value),
+    /// when TLS runs over it.
+    pub binding: Option<[u8; 32]>,
 }
 
 struct TcpUrgent(socket2::Socket);
@@ -187,7 +190,14 @@ impl Carrier {
             urgent: None,
             urgent_flag,
             peer,
+            binding: None,
         }
+    }
+
+    /// The carrier with its TLS exporter value (see [`Carrier::binding`]).
+    pub fn bound(mut self, binding: Option<[u8; 32]>) -> Carrier {
+        self.binding = binding;
+        self
     }
 
     /// A folder carrier without TLS (`--insecure`).
@@ -201,6 +211,7 @@ impl Carrier {
             urgent: None,
             urgent_flag: None,
             peer,
+            binding: None,
         }
     }
 
@@ -226,6 +237,7 @@ impl Carrier {
             })),
             urgent: Some(Box::new(TcpUrgent(urgent))),
             peer,
+            binding: None,
         })
     }
 

@@ -286,6 +286,17 @@ pub const TLS_SEND_BUFFER: usize = 64 * 1024;
 
 pub type Buffered<S> = tokio::io::BufReader<S>;
 
+/// The label of the TLS exporter value that binds a session's attach
+/// proofs to one carrier (RFC 5705 / RFC 8446 §7.5).
+const BINDING_LABEL: &[u8] = b"EXPORTER-longhaul-attach";
+
+/// A TLS connection's exporter value: the same at both ends of one
+/// connection, different for every other, and known to no one else.
+pub fn binding<D>(conn: &rustls::ConnectionCommon<D>) -> Option<[u8; 32]> {
+    conn.export_keying_material([0u8; 32], BINDING_LABEL, None)
+        .ok()
+}
+
 /// Runs the client handshake over any byte stream.
 pub async fn connect<S>(
     io: S,

@@ -17,6 +17,7 @@ pub mod doctor;
 pub mod http_connect;
 pub mod known_hosts;
 pub mod metrics;
+mod pending;
 pub mod policy;
 mod reconnect;
 pub mod rules;

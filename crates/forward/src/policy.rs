@@ -3,8 +3,8 @@
 //! the current policy at every stream they open; a reload also ends the
 //! sessions it no longer admits.
 
-use std::net::IpAddr;
-use std::sync::{Arc, RwLock};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use longhaul_carrier::Fingerprint;
 use longhaul_files::Access;
@@ -93,6 +93,18 @@ impl Policy {
         if *who == Who::Token && old.auth.token != self.auth.token {
             return Some("the token changed".into());
         }
+        // A file stream keeps the access it was opened with: narrowed
+        // access ends the session that holds one.
+        if dests.iter().any(|d| d == longhaul_files::SERVICE) {
+            let before = old.grants(who).and_then(|g| g.files);
+            let narrowed = matches!(
+                (before, g.files),
+                (_, None) | (Some(Access::ReadWrite), Some(Access::ReadOnly))
+            );
+            if narrowed {
+                return Some("its file access was narrowed or removed".into());
+            }
+        }
         let sets: Vec<&Rules> = std::iter::once(&self.rules)
             .chain(g.allow.as_ref())
             .collect();
@@ -116,24 +128,47 @@ impl Policy {
     }
 }
 
-/// The policy in force, shared by the server's sessions.
-#[derive(Debug, Clone, Default)]
-pub struct PolicyCell(Arc<RwLock<Arc<Policy>>>);
+impl Policy {
+    /// Whether `who` may listen on `addr` (a reverse forward) under this
+    /// policy: the global `--allow-bind` rules and the key's own `bind=`.
+    pub fn allows_bind(&self, who: &Who, addr: SocketAddr) -> bool {
+        let Some(g) = self.grants(who) else {
+            return false;
+        };
+        g.bind
+            .as_ref()
+            .is_none_or(|r| r.allows(addr.ip(), addr.port()))
+            && self.bind_rules.allows(addr.ip(), addr.port())
+    }
+}
+
+/// The policy in force, shared by the server's sessions; those that hold
+/// something granted once (a reverse listener) watch it for changes.
+#[derive(Debug, Clone)]
+pub struct PolicyCell(Arc<tokio::sync::watch::Sender<Arc<Policy>>>);
+
+impl Default for PolicyCell {
+    fn default() -> PolicyCell {
+        PolicyCell::new(Policy::default())
+    }
+}
 
 impl PolicyCell {
     pub fn new(p: Policy) -> PolicyCell {
-        PolicyCell(Arc::new(RwLock::new(Arc::new(p))))
+        PolicyCell(Arc::new(tokio::sync::watch::Sender::new(Arc::new(p))))
     }
 
     pub fn current(&self) -> Arc<Policy> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.0.borrow().clone()
     }
 
     /// Puts `p` in force; returns the one it replaces.
     pub fn replace(&self, p: Policy) -> Arc<Policy> {
-        std::mem::replace(
-            &mut *self.0.write().unwrap_or_else(|p| p.into_inner()),
-            Arc::new(p),
-        )
+        self.0.send_replace(Arc::new(p))
+    }
+
+    /// Changes from now on.
+    pub fn watch(&self) -> tokio::sync::watch::Receiver<Arc<Policy>> {
+        self.0.subscribe()
     }
 }

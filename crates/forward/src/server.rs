@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 
 use crate::auth::{read_preamble, Authenticated, ServerAuth};
 use crate::metrics::{Metrics, Refusal};
+use crate::pending::Pending;
 use crate::policy::{Policy, PolicyCell, Who};
 use crate::rules::{BindRules, Rules};
 use crate::server_acceptor::ServerAcceptor;
@@ -36,8 +37,13 @@ pub struct ServerConfig {
     /// Global ceiling: what any client may bind.
     pub bind_rules: BindRules,
     pub session: SessionConfig,
-    /// Carriers served at once; more are closed at accept. Default 1024.
+    /// Sessions served at once (a slot is taken once a carrier has
+    /// authenticated; more are closed then). Default 1024.
     pub max_sessions: usize,
+    /// Carriers not yet authenticated, at once and per source address;
+    /// when full the oldest is dropped ([`crate::pending`]).
+    pub max_pending: usize,
+    pub max_pending_per_source: usize,
     /// Congestion control for carriers (None: the system default).
     pub congestion: Option<String>,
     /// The folder offered to `longhaul cp` (`--files DIR`).
@@ -61,6 +67,8 @@ impl Default for ServerConfig {
             bind_rules: BindRules::default(),
             session: SessionConfig::default(),
             max_sessions: 1024,
+            max_pending: crate::pending::MAX_PENDING,
+            max_pending_per_source: crate::pending::MAX_PENDING_PER_SOURCE,
             congestion: None,
             files: None,
             files_without_key: None,
@@ -242,6 +250,7 @@ impl Server {
         let live = self.live.clone();
         let serving = Serving {
             slots: Arc::new(Semaphore::new(self.config.max_sessions)),
+            pending: Pending::new(self.config.max_pending, self.config.max_pending_per_source),
             config: Arc::new(self.config),
             policy: self.policy.clone(),
             live: live.clone(),
@@ -349,6 +358,7 @@ struct Serving {
     config: Arc<ServerConfig>,
     policy: PolicyCell,
     slots: Arc<Semaphore>,
+    pending: Arc<Pending>,
     live: Live,
     resumables: Arc<Resumables>,
 }
@@ -364,30 +374,64 @@ impl Serving {
         permit
     }
 
-    /// Runs a carrier's own handshake (TLS, WebSocket upgrade) and then
-    /// its session; the handshake and the preamble share one deadline.
+    /// Runs a carrier's own handshake (TLS, WebSocket upgrade) and its
+    /// authentication under one deadline, then its session. `gate`: the
+    /// carrier's place while it authenticates (a pending ticket, which a
+    /// flood may take away, then a session slot once authenticated), or a
+    /// slot it already holds.
     async fn handshake_and_serve(
         self,
         from: String,
         setup: impl std::future::Future<
             Output = std::io::Result<(Carrier, Option<longhaul_carrier::Fingerprint>)>,
         >,
+        gate: Gate,
     ) {
         let limit = self.config.session.handshake_timeout;
-        let (carrier, key) = match tokio::time::timeout(limit, setup).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                self.config.metrics.refused(Refusal::Handshake);
-                return tracing::warn!(%from, "refused carrier: handshake failed: {e}");
-            }
-            Err(_) => {
-                self.config.metrics.refused(Refusal::Handshake);
-                return tracing::warn!(%from, "refused carrier: handshake not finished within {limit:?}");
+        let config = self.config.clone();
+        let policy = self.policy.clone();
+        let authed = async {
+            let (mut carrier, key) = match tokio::time::timeout(limit, setup).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    config.metrics.refused(Refusal::Handshake);
+                    return Err(format!("refused carrier: handshake failed: {e}"));
+                }
+                Err(_) => {
+                    config.metrics.refused(Refusal::Handshake);
+                    return Err(format!(
+                        "refused carrier: handshake not finished within {limit:?}"
+                    ));
+                }
+            };
+            let who = authenticate(&mut carrier, key, &config, &policy, true).await?;
+            Ok((carrier, key, who))
+        };
+        let (authed, _permit) = match gate {
+            Gate::Slot(permit) => (authed.await, permit),
+            Gate::Pending(ticket) => {
+                let Some(authed) = ticket.run(authed).await else {
+                    self.config.metrics.refused(Refusal::Handshake);
+                    return tracing::debug!(%from, "dropped a pending handshake to make room");
+                };
+                if authed.is_err() {
+                    (authed, None)
+                } else {
+                    match self.slot(&from) {
+                        Some(p) => (authed, Some(p)),
+                        None => return,
+                    }
+                }
             }
         };
-        let served = serve_carrier(
+        let (carrier, key, who) = match authed {
+            Ok(a) => a,
+            Err(e) => return tracing::warn!(%from, "{e}"),
+        };
+        let served = run_session(
             carrier,
             key,
+            who,
             from.clone(),
             self.config,
             &self.policy,
@@ -401,27 +445,39 @@ impl Serving {
     }
 }
 
+/// Where a carrier waits while it authenticates.
+enum Gate {
+    /// In the pending table; a session slot is taken after.
+    Pending(crate::pending::Ticket),
+    /// Already holding a session slot.
+    Slot(Option<tokio::sync::OwnedSemaphorePermit>),
+}
+
 async fn accept_loop(
     listener: TcpListener,
     url: ListenUrl,
     tls: Option<Arc<rustls::ServerConfig>>,
     serving: Serving,
 ) {
+    // Behind a reverse proxy (ws, wss) every client has the proxy's
+    // address: only the total bound applies there.
+    let per_source = matches!(url.transport, Transport::Tcp | Transport::Tls);
     loop {
         let (sock, from) = accept_with_backoff(&listener, &url.to_string()).await;
-        let Some(permit) = serving.slot(&from) else {
-            continue;
-        };
+        let ticket = serving
+            .pending
+            .admit(per_source.then_some(from.ip().to_canonical()));
         let (serving, tls, transport) = (serving.clone(), tls.clone(), url.transport.clone());
         tokio::spawn(async move {
-            let _permit = permit;
             if let Some(cc) = &serving.config.congestion {
                 if let Err(e) = longhaul_carrier::set_congestion(&sock, cc) {
                     return tracing::warn!(%from, "{e}");
                 }
             }
             let setup = longhaul_carrier::accept(sock, &transport, tls);
-            serving.handshake_and_serve(from.to_string(), setup).await;
+            serving
+                .handshake_and_serve(from.to_string(), setup, Gate::Pending(ticket))
+                .await;
         });
     }
 }
@@ -444,9 +500,10 @@ async fn folder_accept_loop(
         };
         let (serving, tls) = (serving.clone(), tls.clone());
         tokio::spawn(async move {
-            let _permit = permit;
             let setup = longhaul_carrier::accept_folder(stream, tls);
-            serving.handshake_and_serve(from, setup).await;
+            serving
+                .handshake_and_serve(from, setup, Gate::Slot(Some(permit)))
+                .await;
         });
     }
 }
@@ -463,6 +520,19 @@ async fn serve_carrier(
     live: Option<&Live>,
     resumables: &Arc<Resumables>,
 ) -> Result<String, String> {
+    let who = authenticate(&mut carrier, key, &config, policy, live.is_some()).await?;
+    run_session(carrier, key, who, from, config, policy, live, resumables).await
+}
+
+/// Reads the preamble and decides who the peer is (`checked`: false for
+/// the trusted pipe of `--stdio`, whose peer is anonymous).
+async fn authenticate(
+    carrier: &mut Carrier,
+    key: Option<longhaul_carrier::Fingerprint>,
+    config: &ServerConfig,
+    policy: &PolicyCell,
+    checked: bool,
+) -> Result<Authenticated, String> {
     // Native clients send the preamble (even over a trusted pipe); JMUX
     // peers have none and can only authenticate by key.
     let token = if config.session.mode == longhaul_session::Mode::Native {
@@ -483,18 +553,31 @@ async fn serve_carrier(
     } else {
         None
     };
-    let who = if live.is_none() {
-        Authenticated::Anonymous
-    } else {
-        policy
-            .current()
-            .auth
-            .decide(key, token.as_deref())
-            .map_err(|e| {
-                config.metrics.refused(Refusal::NotAuthenticated);
-                format!("refused carrier: not authenticated: {e}")
-            })?
-    };
+    if !checked {
+        return Ok(Authenticated::Anonymous);
+    }
+    policy
+        .current()
+        .auth
+        .decide(key, token.as_deref())
+        .map_err(|e| {
+            config.metrics.refused(Refusal::NotAuthenticated);
+            format!("refused carrier: not authenticated: {e}")
+        })
+}
+
+/// Runs an authenticated carrier's session (new, resumed or joined).
+#[allow(clippy::too_many_arguments)]
+async fn run_session(
+    carrier: Carrier,
+    key: Option<longhaul_carrier::Fingerprint>,
+    who: Authenticated,
+    from: String,
+    config: Arc<ServerConfig>,
+    policy: &PolicyCell,
+    live: Option<&Live>,
+    resumables: &Arc<Resumables>,
+) -> Result<String, String> {
     let mut acceptor = ServerAcceptor::new(&config, policy, &who, from.clone());
     if live.is_none() {
         acceptor.who = Who::Pipe;

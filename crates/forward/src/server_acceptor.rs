@@ -115,8 +115,9 @@ impl Acceptor for ServerAcceptor {
             Ok(x) => x,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
-        let bind_rules = policy.bind_rules.clone();
-        let key_bind_rules = grants.bind;
+        drop(grants);
+        let cell = self.policy.clone();
+        let who = self.who.clone();
         let peer = self.peer.clone();
         let metrics = self.metrics.clone();
         Box::pin(async move {
@@ -137,10 +138,7 @@ impl Acceptor for ServerAcceptor {
                     SocketAddr::new(loopback(), port)
                 }
             };
-            let key_ok = key_bind_rules
-                .as_ref()
-                .is_none_or(|r| r.allows(addr.ip(), addr.port()));
-            if !key_ok || !bind_rules.allows(addr.ip(), addr.port()) {
+            if !policy.allows_bind(&who, addr) {
                 metrics.refused(Refusal::BindNotAllowed);
                 tracing::warn!(%peer, %bind, "refused reverse bind: not allowed (see --allow-bind)");
                 return Err(OpenRefused::new(
@@ -159,19 +157,68 @@ impl Acceptor for ServerAcceptor {
                 .map(|a| a.port())
                 .unwrap_or(addr.port());
             tracing::info!(%peer, listen = %addr, %dest, "reverse forward open");
-            tokio::spawn(reverse_accept_loop(listener, dest, session));
+            let grant = BindGrant {
+                policy: cell,
+                who,
+                addr,
+                peer,
+            };
+            tokio::spawn(reverse_accept_loop(listener, dest, session, grant));
             Ok(port)
         })
     }
 }
 
-/// Accepts on a reverse-forward listener until the session ends.
-async fn reverse_accept_loop(listener: TcpListener, dest: String, session: SessionHandle) {
+/// A reverse listener's grant, checked again whenever the policy changes.
+struct BindGrant {
+    policy: PolicyCell,
+    who: Who,
+    /// What was asked for (the port before any `0` was chosen).
+    addr: SocketAddr,
+    peer: String,
+}
+
+impl BindGrant {
+    /// Resolves once a reload no longer allows the bind (never otherwise).
+    async fn revoked(&self) -> String {
+        let mut rx = self.policy.watch();
+        loop {
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            let p = rx.borrow_and_update().clone();
+            if !p.allows_bind(&self.who, self.addr) {
+                return format!(
+                    "the rules no longer allow its reverse bind on {}",
+                    self.addr
+                );
+            }
+        }
+    }
+}
+
+/// Accepts on a reverse-forward listener until the session ends, or until
+/// a reload no longer allows the bind: the session then ends (its client
+/// asks again on its next session, and is told why it is refused).
+async fn reverse_accept_loop(
+    listener: TcpListener,
+    dest: String,
+    session: SessionHandle,
+    grant: BindGrant,
+) {
     let what = format!("reverse forward to {dest}");
+    let revoked = grant.revoked();
+    tokio::pin!(revoked);
     loop {
         let (sock, from) = tokio::select! {
             a = accept_with_backoff(&listener, &what) => a,
             _ = session.closed() => return,
+            why = &mut revoked => {
+                tracing::warn!(peer = %grant.peer, "closing the session after the reload: {why}");
+                drop(listener);
+                session.close(&format!("closed by the server's reload: {why}"));
+                return;
+            }
         };
         let session = session.clone();
         let dest = dest.clone();

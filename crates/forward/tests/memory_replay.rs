@@ -18,6 +18,13 @@ use tokio::net::TcpListener;
 async fn a_peer_that_never_acknowledges_gets_no_more_than_the_replay_bound() {
     use longhaul_proto::frame::{self, DecodeLimits, Frame};
     use longhaul_proto::resume::{Attach, Attached};
+
+    /// X25519's base point: a valid key share.
+    const BASE_POINT: [u8; 32] = {
+        let mut b = [0u8; 32];
+        b[0] = 9;
+        b
+    };
     logs();
     // A target that sends without end.
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -48,6 +55,7 @@ async fn a_peer_that_never_acknowledges_gets_no_more_than_the_replay_bound() {
         Attach::New {
             replay_limit: LIMIT as u32,
             lanes: 0,
+            share: BASE_POINT,
         },
     )
     .await;

@@ -7,6 +7,13 @@ mod common;
 use common::*;
 use longhaul_forward::rules::{BindRules, Rules};
 use longhaul_proto::resume::{Attach, Attached};
+
+/// X25519's base point: a valid key share.
+const BASE_POINT: [u8; 32] = {
+    let mut b = [0u8; 32];
+    b[0] = 9;
+    b
+};
 use longhaul_session::SessionConfig;
 
 /// A raw striped peer: a new session with two lanes granted, on a carrier
@@ -18,6 +25,7 @@ async fn raw_striped_peer(server: &str) -> longhaul_carrier::Carrier {
         Attach::New {
             replay_limit: 1 << 20,
             lanes: 2,
+            share: BASE_POINT,
         },
     )
     .await;

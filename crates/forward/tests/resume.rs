@@ -275,22 +275,39 @@ async fn forged_resumes_are_refused_and_the_real_session_is_unharmed() {
     // server ever sent; then the same attempt number again.
     let (secret, _) = client.session().resume_secret_for_tests().unwrap();
     let beyond = 1 << 40;
-    let honest = |attempt: u64| Attach::Resume {
+    // A proof is made for the carrier it is sent on (its TLS exporter).
+    let honest = |attempt: u64, c: &longhaul_carrier::Carrier| Attach::Resume {
         id,
         attempt,
         received: beyond,
-        proof: longhaul_proto::resume::proof(&secret, &id, attempt, beyond),
+        proof: longhaul_proto::resume::proof(
+            &secret,
+            &id,
+            attempt,
+            beyond,
+            &c.binding.expect("a TLS carrier has a binding"),
+        ),
         replay_limit: 1 << 20,
     };
+    // Made on one carrier, shown on another (relayed): refused.
+    let other = dial_raw(&url, tls_as(&alice)).await;
     let mut c = dial_raw(&url, tls_as(&alice)).await;
+    assert_ne!(other.binding, c.binding);
     assert_eq!(
-        within(10, raw_attach(&mut c, honest(5000))).await,
+        within(10, raw_attach(&mut c, honest(4000, &other))).await,
+        Attached::Refused(Refusal::Denied)
+    );
+    let mut c = dial_raw(&url, tls_as(&alice)).await;
+    let ask = honest(5000, &c);
+    assert_eq!(
+        within(10, raw_attach(&mut c, ask)).await,
         Attached::Refused(Refusal::BadOffset)
     );
     wait_log("is possible").await;
     let mut c = dial_raw(&url, tls_as(&alice)).await;
+    let ask = honest(5000, &c);
     assert_eq!(
-        within(10, raw_attach(&mut c, honest(5000))).await,
+        within(10, raw_attach(&mut c, ask)).await,
         Attached::Refused(Refusal::Denied)
     );
     wait_log("was already used").await;

@@ -233,7 +233,7 @@ async fn forged_and_surplus_lanes_are_refused() {
     );
     wait_log("wrong proof of the secret").await;
     // A resume's proof does not pass for a lane's.
-    let p = longhaul_proto::resume::proof(&secret, &id, attempt + 11, 9);
+    let p = longhaul_proto::resume::proof(&secret, &id, attempt + 11, 9, &[0; 32]);
     let mut c = dial_raw(&server, None).await;
     assert_eq!(
         within(10, raw_attach(&mut c, lane(id, attempt + 11, p))).await,
@@ -241,7 +241,8 @@ async fn forged_and_surplus_lanes_are_refused() {
     );
     // The right proof, but the session has all its lanes.
     let a = attempt + 1_000_000;
-    let p = longhaul_proto::resume::lane_proof(&secret, &id, a, 9);
+    // Plain tcp:// carriers: their binding is zeros.
+    let p = longhaul_proto::resume::lane_proof(&secret, &id, a, 9, &[0; 32]);
     let mut c = dial_raw(&server, None).await;
     assert_eq!(
         within(10, raw_attach(&mut c, lane(id, a, p))).await,

@@ -23,8 +23,11 @@ pub const FEATURE_PING: u32 = 1 << 0;
 /// Reverse forwards (BIND messages).
 pub const FEATURE_BIND: u32 = 1 << 1;
 /// The link layer (ACK frames) and the attach exchange of
-/// [`crate::resume`]: sessions that survive a dropped carrier.
-pub const FEATURE_RESUME: u32 = 1 << 2;
+/// [`crate::resume`]: sessions that survive a dropped carrier. (Bit 2 was
+/// its first version, whose secret travelled in the ATTACHED message and
+/// whose proofs were not bound to the carrier: a peer that offers only
+/// that one gets a session without resume.)
+pub const FEATURE_RESUME: u32 = 1 << 3;
 /// What every native session offers; [`FEATURE_RESUME`] is added by
 /// sessions that can resume (not JMUX-like pipes such as `--stdio`).
 pub const FEATURES: u32 = FEATURE_PING | FEATURE_BIND;

@@ -6,13 +6,14 @@
 //!
 //! ```text
 //! client → server  ATTACH   (73 bytes)
-//!   "LHR1" | u8 kind (0 new, 1 resume, 2 lane) | 16 B session id
+//!   "LHR2" | u8 kind (0 new, 1 resume, 2 lane) | 16 B session id
 //!   | u64 attempt | u64 bytes received (lane: lane number) | 32 B proof
 //!   | u32 replay limit
-//!   (new: the lanes wanted in the session-id byte 0; 0 or 1: not striped)
+//!   (new: the lanes wanted in the session-id byte 0; 0 or 1: not striped;
+//!   the client's X25519 key share in bytes 6..38)
 //! server → client  ATTACHED (65 bytes)
-//!   "LHR1" | u8 status (0 new, 1 resumed, 2–4 refused, 5 lane joined)
-//!   | 16 B session id | 32 B secret (new sessions only)
+//!   "LHR2" | u8 status (0 new, 1 resumed, 2–4 refused, 5 lane joined)
+//!   | 16 B session id | 32 B the server's X25519 key share (new only)
 //!   | u64 bytes received (new: lanes granted in its first byte)
 //!   | u32 replay limit
 //! ```
@@ -22,16 +23,23 @@
 //! same way under another label, so a lane proof never passes for a
 //! resume.
 //!
-//! A new session gets a random id and secret (the server makes them). To
-//! resume, the client proves it holds the secret without sending it:
-//! `proof = SHA-256(secret ‖ "longhaul resume" ‖ id ‖ attempt ‖ received)`,
-//! all fixed-length, with `attempt` larger than any accepted before, so a
-//! proof seen once cannot be used again. Both sides then send again what the
-//! other has not received ([`crate::link::Replay::rewind`]).
+//! A new session gets a random id (the server makes it) and a secret that
+//! never travels: both sides derive it from an X25519 exchange of
+//! ephemeral key shares carried in ATTACH and ATTACHED
+//! ([`session_secret`]), so someone who only watched the carrier (a plain
+//! `tcp://` one, say) cannot resume the session. To resume, the client
+//! proves it holds the secret without sending it:
+//! `proof = SHA-256(secret ‖ "longhaul resume" ‖ id ‖ attempt ‖ received ‖
+//! binding)`, all fixed-length, with `attempt` larger than any accepted
+//! before, so a proof seen once cannot be used again, and `binding` the
+//! new carrier's TLS exporter value (zeros without TLS), so a proof made
+//! on one carrier is worthless on any other (it cannot be relayed). Both
+//! sides then send again what the other has not received
+//! ([`crate::link::Replay::rewind`]).
 
 use sha2::{Digest, Sha256};
 
-pub const MAGIC: &[u8; 4] = b"LHR1";
+pub const MAGIC: &[u8; 4] = b"LHR2";
 pub const ATTACH_LEN: usize = 73;
 pub const ATTACHED_LEN: usize = 65;
 
@@ -66,6 +74,8 @@ pub enum Attach {
         replay_limit: u32,
         /// Lanes the client wants (0 or 1: one carrier).
         lanes: u8,
+        /// The client's X25519 public key share.
+        share: [u8; 32],
     },
     /// Another lane for a striped session.
     Lane {
@@ -110,7 +120,8 @@ impl Refusal {
 pub enum Attached {
     New {
         id: SessionId,
-        secret: Secret,
+        /// The server's X25519 public key share.
+        share: [u8; 32],
         replay_limit: u32,
         /// Lanes granted (0 or 1: one carrier).
         lanes: u8,
@@ -132,25 +143,60 @@ pub enum ResumeError {
     BadKind(u8),
 }
 
-/// The proof of `secret` for one resume attempt.
-pub fn proof(secret: &Secret, id: &SessionId, attempt: u64, received: u64) -> [u8; 32] {
+/// What ties a proof to one carrier: its TLS exporter value (see
+/// `longhaul_carrier::tls::binding`), or zeros for a carrier without TLS.
+pub type Binding = [u8; 32];
+
+/// The session secret both sides derive from the X25519 exchange
+/// (`shared`: the Diffie-Hellman output).
+pub fn session_secret(
+    shared: &[u8],
+    id: &SessionId,
+    client_share: &[u8; 32],
+    server_share: &[u8; 32],
+) -> Secret {
+    let mut h = Sha256::new();
+    h.update(b"longhaul session secret");
+    h.update(shared);
+    h.update(id.0);
+    h.update(client_share);
+    h.update(server_share);
+    Secret(h.finalize().into())
+}
+
+/// The proof of `secret` for one resume attempt on a carrier.
+pub fn proof(
+    secret: &Secret,
+    id: &SessionId,
+    attempt: u64,
+    received: u64,
+    binding: &Binding,
+) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(secret.0);
     h.update(b"longhaul resume");
     h.update(id.0);
     h.update(attempt.to_be_bytes());
     h.update(received.to_be_bytes());
+    h.update(binding);
     h.finalize().into()
 }
 
 /// The proof of `secret` for one lane joining a striped session.
-pub fn lane_proof(secret: &Secret, id: &SessionId, attempt: u64, lane: u8) -> [u8; 32] {
+pub fn lane_proof(
+    secret: &Secret,
+    id: &SessionId,
+    attempt: u64,
+    lane: u8,
+    binding: &Binding,
+) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(secret.0);
     h.update(b"longhaul lane");
     h.update(id.0);
     h.update(attempt.to_be_bytes());
     h.update([lane]);
+    h.update(binding);
     h.finalize().into()
 }
 
@@ -179,8 +225,10 @@ impl Attach {
             Attach::New {
                 replay_limit,
                 lanes,
+                share,
             } => {
                 b[5] = *lanes;
+                b[6..38].copy_from_slice(share);
                 b[69..73].copy_from_slice(&replay_limit.to_be_bytes());
             }
             Attach::Lane {
@@ -219,10 +267,15 @@ impl Attach {
         }
         let replay_limit = u32_at(b, 69);
         match b[4] {
-            0 => Ok(Attach::New {
-                replay_limit,
-                lanes: b[5],
-            }),
+            0 => {
+                let mut share = [0u8; 32];
+                share.copy_from_slice(&b[6..38]);
+                Ok(Attach::New {
+                    replay_limit,
+                    lanes: b[5],
+                    share,
+                })
+            }
             2 => {
                 let mut id = [0u8; 16];
                 id.copy_from_slice(&b[5..21]);
@@ -260,12 +313,12 @@ impl Attached {
         match self {
             Attached::New {
                 id,
-                secret,
+                share,
                 replay_limit,
                 lanes,
             } => {
                 b[5..21].copy_from_slice(&id.0);
-                b[21..53].copy_from_slice(&secret.0);
+                b[21..53].copy_from_slice(share);
                 b[53] = *lanes;
                 b[61..65].copy_from_slice(&replay_limit.to_be_bytes());
             }
@@ -298,11 +351,11 @@ impl Attached {
             0 => {
                 let mut id = [0u8; 16];
                 id.copy_from_slice(&b[5..21]);
-                let mut secret = [0u8; 32];
-                secret.copy_from_slice(&b[21..53]);
+                let mut share = [0u8; 32];
+                share.copy_from_slice(&b[21..53]);
                 Attached::New {
                     id: SessionId(id),
-                    secret: Secret(secret),
+                    share,
                     replay_limit,
                     lanes: b[53],
                 }
@@ -328,17 +381,18 @@ mod tests {
     fn messages_round_trip() {
         let id = SessionId([9; 16]);
         let secret = Secret([4; 32]);
-        let p = proof(&secret, &id, 3, 77);
+        let p = proof(&secret, &id, 3, 77, &[0; 32]);
         for a in [
             Attach::New {
                 replay_limit: 5,
                 lanes: 4,
+                share: [6; 32],
             },
             Attach::Lane {
                 id,
                 attempt: 9,
                 lane: 3,
-                proof: lane_proof(&secret, &id, 9, 3),
+                proof: lane_proof(&secret, &id, 9, 3, &[1; 32]),
             },
             Attach::Resume {
                 id,
@@ -353,7 +407,7 @@ mod tests {
         for a in [
             Attached::New {
                 id,
-                secret: secret.clone(),
+                share: [8; 32],
                 replay_limit: 9,
                 lanes: 2,
             },
@@ -371,6 +425,7 @@ mod tests {
         let mut bad = Attach::New {
             replay_limit: 1,
             lanes: 0,
+            share: [0; 32],
         }
         .encode();
         bad[4] = 7;
@@ -404,19 +459,32 @@ mod tests {
     }
 
     #[test]
-    fn a_proof_is_bound_to_secret_id_attempt_and_offset() {
+    fn a_proof_is_bound_to_secret_id_attempt_offset_and_carrier() {
         let id = SessionId([1; 16]);
         let s = Secret([2; 32]);
-        let p = proof(&s, &id, 1, 100);
-        assert!(proof_matches(&p, &proof(&s, &id, 1, 100)));
-        assert!(!proof_matches(&p, &proof(&Secret([3; 32]), &id, 1, 100)));
-        assert!(!proof_matches(&p, &proof(&s, &SessionId([0; 16]), 1, 100)));
-        assert!(!proof_matches(&p, &proof(&s, &id, 2, 100)));
-        assert!(!proof_matches(&p, &proof(&s, &id, 1, 101)));
+        let b = [5u8; 32];
+        let p = proof(&s, &id, 1, 100, &b);
+        assert!(proof_matches(&p, &proof(&s, &id, 1, 100, &b)));
+        assert!(!proof_matches(
+            &p,
+            &proof(&Secret([3; 32]), &id, 1, 100, &b)
+        ));
+        assert!(!proof_matches(
+            &p,
+            &proof(&s, &SessionId([0; 16]), 1, 100, &b)
+        ));
+        assert!(!proof_matches(&p, &proof(&s, &id, 2, 100, &b)));
+        assert!(!proof_matches(&p, &proof(&s, &id, 1, 101, &b)));
+        // Made on another carrier: worthless on this one.
+        assert!(!proof_matches(&p, &proof(&s, &id, 1, 100, &[6; 32])));
         // A lane's proof is not a resume's.
         assert!(!proof_matches(
-            &lane_proof(&s, &id, 1, 0),
-            &proof(&s, &id, 1, 0)
+            &lane_proof(&s, &id, 1, 0, &b),
+            &proof(&s, &id, 1, 0, &b)
         ));
+        // The secret depends on every part of the exchange.
+        let base = session_secret(&[1; 32], &id, &[2; 32], &[3; 32]);
+        assert_ne!(base, session_secret(&[9; 32], &id, &[2; 32], &[3; 32]));
+        assert_ne!(base, session_secret(&[1; 32], &id, &[9; 32], &[3; 32]));
     }
 }

@@ -75,12 +75,19 @@ pub enum StripeError {
     Overfull(usize),
 }
 
+/// What holding one out-of-order chunk costs beyond its bytes (its own
+/// allocation's header, the `BytesMut`, the map's node): charged against
+/// the bound, so that a peer sending 1-byte chunks past a gap fills the
+/// bound with what it really costs, not with 1 B each.
+pub const CHUNK_ENTRY_COST: usize = 128;
+
 /// The receiving side: chunks from all lanes, put back in order.
 #[derive(Debug)]
 pub struct Reorder {
     /// The next byte of the session's stream to hand on.
     next: u64,
     pending: BTreeMap<u64, BytesMut>,
+    /// What `pending` costs: its bytes plus [`CHUNK_ENTRY_COST`] each.
     held: usize,
     /// Chunks may end at most this far past `next`.
     window: u64,
@@ -105,7 +112,8 @@ impl Reorder {
         self.next
     }
 
-    /// Bytes held out of order.
+    /// What the chunks held out of order cost: their bytes, plus
+    /// [`CHUNK_ENTRY_COST`] per chunk.
     pub fn held(&self) -> usize {
         self.held
     }
@@ -114,7 +122,7 @@ impl Reorder {
         self.duplicates
     }
 
-    /// Largest number of bytes this buffer can hold.
+    /// Largest cost ([`Reorder::held`]) this buffer may reach.
     pub fn bound(&self) -> usize {
         2 * self.window as usize
     }
@@ -143,9 +151,9 @@ impl Reorder {
                 self.duplicates += 1;
                 return Ok(());
             }
-            self.held -= have.len();
+            self.held -= have.len() + CHUNK_ENTRY_COST;
         }
-        self.held += len;
+        self.held += len + CHUNK_ENTRY_COST;
         self.pending.insert(offset, data);
         // Copies with other boundaries only come from a peer that does not
         // follow the protocol; they still count.
@@ -163,7 +171,7 @@ impl Reorder {
                 return None;
             }
             let mut data = self.pending.remove(&offset)?;
-            self.held -= data.len();
+            self.held -= data.len() + CHUNK_ENTRY_COST;
             let end = offset + data.len() as u64;
             if end <= self.next {
                 self.duplicates += 1;
@@ -332,7 +340,7 @@ mod tests {
         r.insert(0, chunk(b"abc")).unwrap();
         // The same chunk again (sent again after a stall) is dropped.
         r.insert(3, chunk(b"def")).unwrap();
-        assert_eq!(r.held(), 6);
+        assert_eq!(r.held(), 6 + 2 * CHUNK_ENTRY_COST);
         assert_eq!(&r.pop().unwrap()[..], b"abc");
         assert_eq!(&r.pop().unwrap()[..], b"def");
         assert_eq!(r.pop(), None);
@@ -342,6 +350,23 @@ mod tests {
         // An overlapping copy gives only what is new.
         r.insert(3, chunk(b"defgh")).unwrap();
         assert_eq!(&r.pop().unwrap()[..], b"gh");
+    }
+
+    #[test]
+    fn tiny_chunks_past_a_gap_are_charged_what_they_cost() {
+        // A peer leaves byte 0 missing and sends 1-byte chunks after it:
+        // each costs its entry, so the bound is reached after
+        // bound / (1 + CHUNK_ENTRY_COST) chunks, not after `bound` of them.
+        let mut r = Reorder::new(64 << 10);
+        let mut n = 0u64;
+        while r.insert(1 + n, chunk(b"x")).is_ok() {
+            n += 1;
+            assert!(n < 1 << 20, "never refused");
+        }
+        assert!(
+            n as usize <= r.bound() / (1 + CHUNK_ENTRY_COST),
+            "{n} chunks held"
+        );
     }
 
     #[test]

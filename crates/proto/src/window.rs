@@ -73,6 +73,12 @@ impl RecvWindow {
         self.allowance
     }
 
+    /// Bytes received and not yet delivered (the window, less what the
+    /// peer may still send and what was delivered but not yet credited).
+    pub fn held(&self) -> u64 {
+        (self.size as u64).saturating_sub(self.allowance + self.unreturned)
+    }
+
     /// Accounts `n` bytes of DATA received from the peer.
     pub fn on_data(&mut self, n: usize) -> Result<(), WindowOverrun> {
         if n as u64 > self.allowance {

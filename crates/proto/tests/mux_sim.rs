@@ -57,6 +57,7 @@ fn config(jmux: bool) -> MuxConfig {
         budget: 1 << 20,
         max_streams: 1024,
         send_queue: 64 * 1024,
+        send_total: 1 << 20,
         control_limit: 4 << 20,
         keepalive: Duration::from_millis(50),
         dead_after: Duration::from_secs(3600),
@@ -329,8 +330,9 @@ impl Sim {
                 Event::Eof { id } => {
                     side.streams.get_mut(&id).expect("known stream").eof = true;
                 }
-                Event::Finished { id, discard } => {
+                Event::Finished { id, discard, reset } => {
                     assert!(!discard, "{}: stream {id} failed", side.name);
+                    assert!(!reset, "{}: stream {id} was reset", side.name);
                     if let Some(s) = side.streams.get_mut(&id) {
                         s.finished = true;
                     }

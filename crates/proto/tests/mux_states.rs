@@ -22,6 +22,8 @@ enum Op {
     EofDelivered(u32),
     Abort(u32),
     Abandon(u32),
+    LocalOpened(u32),
+    LocalClosed(u32),
     AcceptNext,
     RefuseNext,
     Tick(u64),
@@ -76,6 +78,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => id.clone().prop_map(Op::EofDelivered),
         1 => id.clone().prop_map(Op::Abort),
         1 => id.clone().prop_map(Op::Abandon),
+        1 => id.clone().prop_map(Op::LocalOpened),
+        1 => id.clone().prop_map(Op::LocalClosed),
         1 => Just(Op::AcceptNext),
         1 => Just(Op::RefuseNext),
         1 => (0u64..2_000).prop_map(Op::Tick),
@@ -91,6 +95,7 @@ fn config() -> MuxConfig {
         budget: 20_000,
         max_streams: 8,
         send_queue: 8192,
+        send_total: 24 * 1024,
         control_limit: 1 << 20,
         keepalive: Duration::from_millis(300),
         dead_after: Duration::from_secs(3600),
@@ -141,6 +146,8 @@ proptest! {
                 Op::EofDelivered(id) => m.eof_delivered(id),
                 Op::Abort(id) => m.abort(id),
                 Op::Abandon(id) => m.abandon(id),
+                Op::LocalOpened(id) => m.local_opened(id),
+                Op::LocalClosed(id) => m.local_closed(id),
                 Op::AcceptNext => {
                     if let Some(o) = requests.pop() {
                         m.accept_open(o, now);
@@ -185,7 +192,13 @@ proptest! {
             }
             drain(&mut m, &mut requests);
         }
+        // Closed streams whose local socket is still open keep their
+        // budget until the runtime closes it.
+        for id in m.draining_ids() {
+            m.local_closed(id);
+        }
         prop_assert!(m.stream_ids().is_empty(), "streams left: {:?}", m.stream_ids());
+        prop_assert!(m.draining_ids().is_empty());
         prop_assert_eq!(m.stats().budget_used, 0);
     }
 }

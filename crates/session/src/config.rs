@@ -40,6 +40,9 @@ pub struct SessionConfig {
     /// Bytes read from one local socket and waiting for the carrier.
     /// Default 512 KiB.
     pub send_queue: usize,
+    /// Bytes read from all local sockets and waiting for the carrier: what
+    /// a peer that stops reading can make the session hold. Default 64 MiB.
+    pub send_total: usize,
     /// Bytes of control messages waiting for the carrier before the peer is
     /// judged to be flooding us without reading. Default 4 MiB.
     pub control_limit: usize,
@@ -88,6 +91,7 @@ impl Default for SessionConfig {
             max_streams: 16_384,
             max_frame: u16::MAX,
             send_queue: 512 * 1024,
+            send_total: 64 * 1024 * 1024,
             control_limit: 4 * 1024 * 1024,
             keepalive: Duration::from_secs(5),
             dead_after: Duration::from_secs(15),

@@ -148,6 +148,7 @@ fn duplex_carrier() -> (Carrier, tokio::io::DuplexStream) {
         probe: None,
         urgent: None,
         urgent_flag: None,
+        binding: None,
         peer: "fuzz".into(),
     };
     (carrier, theirs)
@@ -258,6 +259,7 @@ pub fn mux_peer(data: &[u8]) {
         budget: 64 * 1024,
         max_streams: 16,
         send_queue: 16 * 1024,
+        send_total: 1 << 20,
         control_limit: 64 * 1024,
         keepalive: Duration::from_millis(3),
         dead_after: Duration::from_secs(1),
@@ -355,7 +357,7 @@ pub fn lane_peer(data: &[u8]) {
 
 async fn run_lane(sel: u8, peer_bytes: &[u8]) {
     use longhaul_proto::handshake::FEATURE_RESUME;
-    use longhaul_proto::resume::{Attached, Secret, SessionId, ATTACH_LEN};
+    use longhaul_proto::resume::{Attached, SessionId, ATTACH_LEN};
     let (carrier, theirs) = duplex_carrier();
     let config = SessionConfig {
         max_streams: 16,
@@ -375,7 +377,12 @@ async fn run_lane(sel: u8, peer_bytes: &[u8]) {
         peer_w.write_all(&hello.encode()).await?;
         let granted = Attached::New {
             id: SessionId([1; 16]),
-            secret: Secret([2; 32]),
+            // X25519's base point: a valid key share.
+            share: {
+                let mut b = [0u8; 32];
+                b[0] = 9;
+                b
+            },
             replay_limit: 1 << 20,
             lanes: 2,
         };

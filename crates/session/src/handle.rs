@@ -195,6 +195,7 @@ pub(crate) fn build(
         budget: config.budget,
         max_streams: config.max_streams,
         send_queue: config.send_queue,
+        send_total: config.send_total,
         control_limit: config.control_limit,
         keepalive: config.keepalive,
         dead_after: config.dead_after,

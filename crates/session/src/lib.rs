@@ -37,6 +37,7 @@ pub mod fuzzing;
 mod handle;
 mod housekeeping;
 mod inbound;
+mod kex;
 mod lane_io;
 mod lanes;
 mod link;

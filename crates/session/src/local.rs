@@ -57,12 +57,18 @@ pub(crate) trait LocalRead: Send + 'static {
 pub(crate) trait LocalWrite: AsyncWrite + Unpin + Send + 'static {
     fn writable(&self) -> impl Future<Output = io::Result<()>> + Send;
     fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize>;
-    /// Makes the close a reset where the transport has one (TCP).
-    fn reset_on_close(&self);
+    /// Ends the local connection with a reset where the transport has one
+    /// (TCP): no FIN first, which would read as a clean end of data.
+    fn reset(self);
+    /// Bytes written and not yet acknowledged by the other end (0 where
+    /// the transport cannot tell).
+    fn unacked(&self) -> u32 {
+        0
+    }
 }
 
 macro_rules! local_halves {
-    ($read:ty, $write:ty, $reset:expr) => {
+    ($read:ty, $write:ty, $reset:expr, $unacked:expr) => {
         impl LocalRead for $read {
             fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
                 <$read>::readable(self)
@@ -78,17 +84,31 @@ macro_rules! local_halves {
             fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
                 <$write>::try_write_vectored(self, bufs)
             }
-            fn reset_on_close(&self) {
-                let reset: fn(&$write) = $reset;
+            fn reset(self) {
+                let reset: fn($write) = $reset;
                 reset(self)
+            }
+            fn unacked(&self) -> u32 {
+                let unacked: fn(&$write) -> u32 = $unacked;
+                unacked(self)
             }
         }
     };
 }
 
-local_halves!(tcp::OwnedReadHalf, tcp::OwnedWriteHalf, |w| {
-    // Closing with SO_LINGER 0 sends a reset.
-    let _ = socket2::SockRef::from(w.as_ref()).set_linger(Some(std::time::Duration::ZERO));
-});
+local_halves!(
+    tcp::OwnedReadHalf,
+    tcp::OwnedWriteHalf,
+    |w| {
+        // Closing with SO_LINGER 0 sends a reset. Dropping the half would
+        // shut down its direction first (a FIN, which the application
+        // takes for a clean end); forgetting it leaves the close to the
+        // read half's drop (the uplink ends with the stream).
+        let _ = socket2::SockRef::from(w.as_ref()).set_linger(Some(std::time::Duration::ZERO));
+        w.forget();
+    },
+    // The send buffer's queued memory: unsent plus unacknowledged.
+    |w| longhaul_carrier::send_space(w.as_ref()).map_or(0, |s| s.queued)
+);
 // A Unix socket has no reset: the service sees the close.
-local_halves!(unix::OwnedReadHalf, unix::OwnedWriteHalf, |_| {});
+local_halves!(unix::OwnedReadHalf, unix::OwnedWriteHalf, drop, |_| 0);

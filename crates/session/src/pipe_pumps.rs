@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::inbound::Part;
 use crate::pipe::{PipeSink, PipeSource, Refused, Taken};
 use crate::runtime::{Shared, StreamIo};
-use crate::stream::{credit_delivered, fail, send_room, take_inbound, Inbound};
+use crate::stream::{credit_delivered, fail, send_room, take_inbound, Inbound, LocalClosed};
 
 /// The service's bytes → DATA frames, as the peer's credit allows.
 pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, src: PipeSource) {
@@ -29,14 +29,23 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, src:
 
 /// Inbound DATA → the service.
 pub(crate) async fn downlink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, sink: PipeSink) {
+    let _closed = LocalClosed(shared.clone(), id);
     let mut pending: Vec<Part> = Vec::new();
     loop {
-        let Inbound { eof, closed, reset } = take_inbound(&io, &mut pending);
-        if reset {
+        let Inbound {
+            eof,
+            closed,
+            reset,
+            abort,
+        } = take_inbound(&io, &mut pending);
+        if abort {
             return sink.reset();
         }
         if pending.is_empty() && !eof {
             if closed {
+                if reset {
+                    sink.reset();
+                }
                 return;
             }
             io.down.notified().await;
@@ -56,7 +65,16 @@ pub(crate) async fn downlink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, si
                         ib.blocked = true;
                         ib.q.compact();
                     }
-                    sink.wait().await;
+                    // A service that stops taking must not keep the task
+                    // (and its session) once the session is gone.
+                    tokio::select! {
+                        () = sink.wait() => {}
+                        _ = io.down.notified() => {
+                            if io.inbox().abort {
+                                return sink.reset();
+                            }
+                        }
+                    }
                 }
                 Err(Refused::Gone) => {
                     return fail(

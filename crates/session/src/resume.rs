@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use longhaul_carrier::Carrier;
 use longhaul_proto::resume::{
-    lane_proof, proof, proof_matches, Attach, Attached, Refusal, Secret, SessionId, ATTACHED_LEN,
+    lane_proof, proof, proof_matches, Attach, Attached, Refusal, SessionId, ATTACHED_LEN,
     ATTACH_LEN,
 };
 use longhaul_proto::stripe::MAX_LANES;
@@ -21,6 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::{Acceptor, SessionConfig, SessionError};
 use crate::handle::{build, decode_limits, replay_limit, Negotiated};
+use crate::kex::{binding, Share};
 use crate::link::{LinkState, Role};
 use crate::runtime::{SessionHandle, Shared};
 
@@ -108,10 +109,13 @@ pub(crate) async fn open_new(
     config: &SessionConfig,
 ) -> Result<LinkState, SessionError> {
     let limit = replay_limit(config);
+    let share = Share::new()?;
+    let ours = share.public();
     let answer = exchange(config, async {
         let ask = Attach::New {
             replay_limit: limit as u32,
             lanes: config.stripes.min(MAX_LANES as u8),
+            share: ours,
         };
         carrier.writer.write_all(&ask.encode()).await?;
         carrier.writer.flush().await?;
@@ -123,10 +127,11 @@ pub(crate) async fn open_new(
     match answer {
         Attached::New {
             id,
-            secret,
+            share: theirs,
             replay_limit: peer,
             lanes,
         } => {
+            let secret = share.secret(&theirs, &id, &ours, &theirs)?;
             if lanes > config.stripes.max(1) || lanes as usize > MAX_LANES {
                 return Err(SessionError::Closed(format!(
                     "server granted {lanes} lanes, more than asked"
@@ -203,7 +208,7 @@ pub(crate) async fn resume_client(
             id: l.id,
             attempt: l.attempt,
             received,
-            proof: proof(&l.secret, &l.id, l.attempt, received),
+            proof: proof(&l.secret, &l.id, l.attempt, received, &binding(&carrier)),
             replay_limit: l.replay.limit() as u32,
         }
     };
@@ -250,7 +255,7 @@ pub(crate) async fn join_lane(
             id: l.id,
             attempt: l.attempt,
             lane: number,
-            proof: lane_proof(&l.secret, &l.id, l.attempt, number),
+            proof: lane_proof(&l.secret, &l.id, l.attempt, number, &binding(&carrier)),
         }
     };
     let (n, answer) = attach_behind_hello(&mut carrier, config, &ask).await?;
@@ -300,9 +305,17 @@ pub(crate) async fn serve_attach(
         Attach::New {
             replay_limit: peer,
             lanes,
+            share: theirs,
         } => {
             let id = SessionId(rand::random());
-            let secret = Secret(rand::random());
+            let share = Share::new()?;
+            let ours = share.public();
+            let secret = match share.secret(&theirs, &id, &theirs, &ours) {
+                Ok(s) => s,
+                Err(_) => {
+                    return refuse(carrier, Refusal::Denied, "a bad key share".into()).await;
+                }
+            };
             let limit = replay_limit(&config);
             let lanes = match lanes.min(config.max_stripes).min(MAX_LANES as u8) {
                 0 | 1 => 0,
@@ -310,7 +323,7 @@ pub(crate) async fn serve_attach(
             };
             let answer = Attached::New {
                 id,
-                secret: secret.clone(),
+                share: ours,
                 replay_limit: limit as u32,
                 lanes,
             };
@@ -342,7 +355,7 @@ pub(crate) async fn serve_attach(
                 let Some(mut l) = shared.link() else {
                     return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await;
                 };
-                let expected = lane_proof(&l.secret, &l.id, attempt, lane);
+                let expected = lane_proof(&l.secret, &l.id, attempt, lane, &binding(&carrier));
                 let wanted = l.stripes.as_ref().map_or(0, |s| s.wanted as usize);
                 if l.identity != identity {
                     Err(format!(
@@ -400,7 +413,7 @@ pub(crate) async fn serve_attach(
                 let Some(mut l) = shared.link() else {
                     return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await;
                 };
-                let expected = proof(&l.secret, &l.id, attempt, received);
+                let expected = proof(&l.secret, &l.id, attempt, received, &binding(&carrier));
                 if l.identity != identity {
                     Err(format!(
                         "session {id} belongs to {}, not to {identity}",

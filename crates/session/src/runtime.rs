@@ -35,8 +35,12 @@ pub(crate) struct Inbox {
     pub closed: bool,
     /// The local socket is full: queue copies, not slices of carrier buffers.
     pub blocked: bool,
-    /// The session died under the stream: reset the local connection, so
-    /// the application sees a failure, not a clean end of data.
+    /// The session died under the stream: drop what is queued and reset
+    /// the local connection now (also while a write waits for room).
+    pub abort: bool,
+    /// The stream was cut short at the other end: once what is queued is
+    /// written, reset the local connection, so the application sees a
+    /// failure, not a clean end of data.
     pub reset: bool,
 }
 
@@ -46,21 +50,25 @@ impl StreamIo {
     }
 
     /// The session died: drop what is queued and reset the local socket.
-    pub fn reset_inbox(&self) {
+    pub fn abort_inbox(&self) {
         let mut ib = self.inbox();
         ib.closed = true;
-        ib.reset = true;
+        ib.abort = true;
         ib.q = InQueue::default();
         drop(ib);
         self.down.notify_one();
     }
 
     /// No more inbound data: the downlink writes what it has and ends.
-    /// `discard` drops what is queued as well (the stream failed).
-    pub fn close_inbox(&self, discard: bool) {
+    /// `discard` drops what is queued or being written as well (the stream
+    /// failed: nothing is waited for); `reset` ends the local socket with a
+    /// reset rather than a FIN.
+    pub fn close_inbox(&self, discard: bool, reset: bool) {
         let mut ib = self.inbox();
         ib.closed = true;
+        ib.reset |= reset;
         if discard {
+            ib.abort = true;
             ib.q = InQueue::default();
         }
         drop(ib);
@@ -244,7 +252,7 @@ impl Shared {
                     a.abort();
                 }
                 s.io.up.notify_one();
-                s.io.close_inbox(false);
+                s.io.abort_inbox();
             }
             st.opens.clear();
             st.binds.clear();
@@ -284,16 +292,16 @@ impl Shared {
                 }
                 None => st.mux.eof_delivered(id),
             },
-            Event::Finished { id, discard } => {
+            Event::Finished { id, discard, reset } => {
                 if let Some(s) = st.streams.remove(&id) {
                     if let Some(a) = s.uplink {
                         a.abort();
                     }
                     s.io.up.notify_one();
                     if st.mux.dead().is_some() {
-                        s.io.reset_inbox();
+                        s.io.abort_inbox();
                     } else {
-                        s.io.close_inbox(discard);
+                        s.io.close_inbox(discard, reset);
                     }
                 }
             }

@@ -32,6 +32,9 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
     let Some(io) = shared.stream_io(id) else {
         return;
     };
+    // Until the downlink closes the socket, the stream keeps its slot and
+    // budget, even once closed (see `Mux::local_closed`).
+    shared.with(|m, _| m.local_opened(id));
     let local = match &sock {
         LocalStream::Tcp(s) => s.peer_addr().ok().map(|a| a.to_string()),
         LocalStream::Unix(_) | LocalStream::Service(_) => None,
@@ -135,7 +138,7 @@ pub(crate) async fn send_room(shared: &Arc<Shared>, id: u32, io: &StreamIo) -> O
 
 /// Moves what stream `id` received into `pending` (at most
 /// [`MAX_WRITE_IOV`] parts); says whether the stream's data has ended
-/// (EOF, or closed), and whether it was reset.
+/// (EOF, or closed), and how the local socket must end.
 pub(crate) fn take_inbound(io: &StreamIo, pending: &mut Vec<Part>) -> Inbound {
     let mut ib = io.inbox();
     ib.q.take(pending, MAX_WRITE_IOV);
@@ -143,13 +146,22 @@ pub(crate) fn take_inbound(io: &StreamIo, pending: &mut Vec<Part>) -> Inbound {
         eof: ib.q.eof && ib.q.is_empty(),
         closed: ib.closed && ib.q.is_empty(),
         reset: ib.reset,
+        abort: ib.abort,
     }
 }
 
 pub(crate) struct Inbound {
     pub eof: bool,
     pub closed: bool,
+    /// Reset the local socket once everything queued is written.
     pub reset: bool,
+    /// Reset it now (the session died).
+    pub abort: bool,
+}
+
+/// The error a downlink's wait ends with when its session dies.
+pub(crate) fn aborted() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, "session closed")
 }
 
 pub(crate) fn fail(shared: &Arc<Shared>, id: u32, err: io::Error) {
@@ -160,6 +172,17 @@ pub(crate) fn fail(shared: &Arc<Shared>, id: u32, err: io::Error) {
 /// Buffers handed to one vectored write towards a local socket.
 const MAX_WRITE_IOV: usize = 64;
 
+/// Tells the core, when a downlink ends however it ends (its socket half
+/// goes with it), that the stream's local socket is closed.
+pub(crate) struct LocalClosed(pub Arc<Shared>, pub u32);
+
+impl Drop for LocalClosed {
+    fn drop(&mut self) {
+        let id = self.1;
+        self.0.with(|m, _| m.local_closed(id));
+    }
+}
+
 /// Inbound DATA → local socket; credit goes back only for written bytes.
 pub(crate) async fn downlink(
     shared: Arc<Shared>,
@@ -167,15 +190,27 @@ pub(crate) async fn downlink(
     io: Arc<StreamIo>,
     mut wr: impl LocalWrite,
 ) {
+    let _closed = LocalClosed(shared.clone(), id);
     let mut pending: Vec<Part> = Vec::new();
     loop {
-        let Inbound { eof, closed, reset } = take_inbound(&io, &mut pending);
-        if reset {
-            wr.reset_on_close();
+        let Inbound {
+            eof,
+            closed,
+            reset,
+            abort,
+        } = take_inbound(&io, &mut pending);
+        if abort {
+            wr.reset();
             return;
         }
         if pending.is_empty() && !eof {
             if closed {
+                if reset {
+                    // What was written reaches the application before the
+                    // reset does (a reset discards unsent bytes).
+                    settle(&wr, &io).await;
+                    wr.reset();
+                }
                 return;
             }
             io.down.notified().await;
@@ -184,6 +219,7 @@ pub(crate) async fn downlink(
         if !pending.is_empty() {
             let total: usize = pending.iter().map(|p| p.data.len()).sum();
             if let Err(err) = write_parts(&mut wr, &mut pending, &io).await {
+                wr.reset();
                 return fail(&shared, id, err);
             }
             // Release the vector's buffer: an idle stream keeps nothing.
@@ -196,6 +232,20 @@ pub(crate) async fn downlink(
             // Nothing may follow EOF (the core checks it).
             return;
         }
+    }
+}
+
+/// Longest a reset waits for the application to take what was written.
+const SETTLE_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits (at most [`SETTLE_MAX`], or until the session dies) until the
+/// local socket has no bytes left unacknowledged.
+async fn settle(wr: &impl LocalWrite, io: &StreamIo) {
+    let start = tokio::time::Instant::now();
+    let mut pause = std::time::Duration::from_micros(200);
+    while wr.unacked() > 0 && start.elapsed() < SETTLE_MAX && !io.inbox().abort {
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(50));
     }
 }
 
@@ -247,7 +297,16 @@ async fn write_parts(
                     ib.blocked = true;
                     ib.q.compact();
                 }
-                wr.writable().await?;
+                // A full socket must not keep the task (and its session)
+                // once the session is gone: the inbox says so.
+                tokio::select! {
+                    r = wr.writable() => r?,
+                    _ = io.down.notified() => {
+                        if io.inbox().abort {
+                            return Err(aborted());
+                        }
+                    }
+                }
             }
             Err(e) => return Err(e),
         }

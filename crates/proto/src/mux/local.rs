@@ -28,7 +28,7 @@ impl Mux {
                 "session shutting down",
             ));
         }
-        if self.streams.len() + self.connecting >= self.cfg.max_streams {
+        if self.slots_used() >= self.cfg.max_streams {
             return Err(Refused::new(Reason::GENERAL_FAILURE, "too many streams"));
         }
         let deadline = now + self.cfg.open_timeout.as_nanos() as u64;
@@ -145,7 +145,11 @@ impl Mux {
             return None;
         }
         let room = self.cfg.send_queue.saturating_sub(queued);
-        let n = (s.credit.available() as usize).min(room);
+        let total_room = self.cfg.send_total.saturating_sub(self.data.total_queued());
+        if total_room == 0 {
+            self.total_blocked = true;
+        }
+        let n = (s.credit.available() as usize).min(room).min(total_room);
         if n == 0 {
             s.waiting = true;
             if s.credit.available() == 0 {
@@ -237,12 +241,34 @@ impl Mux {
     }
 
     /// Stream `id`'s local socket failed: CLOSE to the peer, drop what is
-    /// queued either way.
+    /// queued either way. The peer's side is reset (native mode).
     pub fn abort(&mut self, id: u32) {
         match self.streams.get(&id).map(|s| s.phase) {
-            Some(Phase::Open { .. }) => self.send_close(id, true),
+            Some(Phase::Open { .. }) => self.send_close(id, true, true),
             Some(Phase::Opening { .. }) => self.expire_open(id),
-            _ => {}
+            Some(Phase::CloseSent) => {
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.discarded = true;
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// The runtime gave stream `id` a local socket (its pumps started).
+    pub fn local_opened(&mut self, id: u32) {
+        if let Some(s) = self.streams.get_mut(&id) {
+            s.local_open = true;
+        }
+    }
+
+    /// The runtime closed stream `id`'s local socket (its downlink ended):
+    /// a closed stream's budget and slot are free again.
+    pub fn local_closed(&mut self, id: u32) {
+        if let Some(s) = self.streams.get_mut(&id) {
+            s.local_open = false;
+        } else if let Some(reserved) = self.draining.remove(&id) {
+            self.budget.release(reserved);
         }
     }
 
@@ -324,6 +350,16 @@ impl Mux {
             if s.waiting {
                 s.waiting = false;
                 self.events.push_back(Event::Writable { id });
+            }
+        }
+        if self.total_blocked && self.data.total_queued() <= self.cfg.send_total / 2 {
+            // Once per fill and drain of the session's queue, not per frame.
+            self.total_blocked = false;
+            for (&id, s) in self.streams.iter_mut() {
+                if s.waiting {
+                    s.waiting = false;
+                    self.events.push_back(Event::Writable { id });
+                }
             }
         }
     }

@@ -30,6 +30,10 @@ pub use stream::Phase;
 
 /// Smallest window granted to a new stream when the budget is spent.
 pub const MIN_WINDOW: u64 = 16 * 1024;
+/// Smallest maximum packet size a peer may announce (in OPEN or
+/// OPEN_SUCCESS). Below it every DATA frame would be mostly header: a 1-byte
+/// packet size turns a 512 KiB send queue into 28 MiB of frames.
+pub const MIN_PEER_PACKET: u16 = 1024;
 /// Reverse-forward listeners one session may ask for.
 pub const MAX_BINDS: usize = 256;
 /// PINGs awaiting their PONG; only these nonces are accepted back.
@@ -45,6 +49,9 @@ pub struct MuxConfig {
     pub max_streams: usize,
     /// Bytes from one local socket waiting for the carrier.
     pub send_queue: usize,
+    /// Bytes from all local sockets waiting for the carrier: a peer that
+    /// stops reading holds at most this much of ours, however many streams.
+    pub send_total: usize,
     /// Control messages waiting for a peer that does not read them.
     pub control_limit: usize,
     pub keepalive: Duration,
@@ -102,7 +109,11 @@ pub enum Event {
     Eof { id: u32 },
     /// The stream is over: stop reading its local socket. With `discard`
     /// (it failed) drop what is queued for it; otherwise write that first.
-    Finished { id: u32, discard: bool },
+    /// With `reset` the stream ended abruptly (its other end was reset or
+    /// failed, or the session cut it): close the local socket with a reset
+    /// (SO_LINGER 0) once what is queued is written, so the application
+    /// sees a failure rather than a clean end of data.
+    Finished { id: u32, discard: bool, reset: bool },
     /// Stream `id` may send again ([`Mux::send_room`] is no longer 0).
     Writable { id: u32 },
     /// The peer asks for a stream to `dest`: connect, then
@@ -148,6 +159,11 @@ struct Stream {
     recv: RecvWindow,
     /// Budget held by `recv`.
     reserved: u64,
+    /// Closed with its queued data dropped: nothing more will be delivered.
+    discarded: bool,
+    /// The runtime has a local socket for it ([`Mux::local_opened`]) that
+    /// it has not closed yet ([`Mux::local_closed`]).
+    local_open: bool,
     /// The uplink found no room: tell it when there is.
     waiting: bool,
     tx_bytes: u64,
@@ -183,6 +199,12 @@ pub struct Mux {
     control_bytes: usize,
     data: Drr<OutFrame>,
     streams: HashMap<u32, Stream>,
+    /// Closed streams whose local socket is still open (its last bytes on
+    /// their way, or a reset waiting for them to be taken): their receive
+    /// budget and their slot stay taken until the runtime closes it
+    /// ([`Mux::local_closed`]), so a peer cannot pile up data, sockets or
+    /// tasks behind closed streams whose consumer does not read.
+    draining: HashMap<u32, u64>,
     expired: HashMap<u32, Expired>,
     next_id: u32,
     /// Peer OPENs handed to the caller and not yet answered.
@@ -205,6 +227,9 @@ pub struct Mux {
     bytes_sent: u64,
     bytes_received: u64,
     events: VecDeque<Event>,
+    /// A stream found no room because of `send_total`: wake the waiting
+    /// streams once the session's queue has half drained.
+    total_blocked: bool,
     /// Something was queued for the writer since [`Mux::take_new_output`].
     new_output: bool,
     /// A carrier is attached (keepalive and dead-peer timers run).
@@ -222,6 +247,7 @@ impl Mux {
             control_bytes: 0,
             data: Drr::new(MAX_FRAME_LEN),
             streams: HashMap::new(),
+            draining: HashMap::new(),
             expired: HashMap::new(),
             next_id: 1,
             connecting: 0,
@@ -241,6 +267,7 @@ impl Mux {
             bytes_sent: 0,
             bytes_received: 0,
             events: VecDeque::new(),
+            total_blocked: false,
             new_output: false,
             attached: true,
             silent_reported: false,
@@ -267,6 +294,7 @@ impl Mux {
         if self.dead.is_none() {
             self.dead = Some(why.into());
         }
+        let jmux = self.cfg.jmux;
         for (id, s) in self.streams.drain() {
             if s.phase.is_opening() {
                 self.events.push_back(Event::OpenAnswered {
@@ -274,10 +302,16 @@ impl Mux {
                     result: Err(Refused::new(Reason::GENERAL_FAILURE, "session closed")),
                 });
             } else {
-                self.events
-                    .push_back(Event::Finished { id, discard: false });
+                // Cut short: the local socket is reset, not closed as if
+                // the data had ended.
+                self.events.push_back(Event::Finished {
+                    id,
+                    discard: false,
+                    reset: !s.phase.finished() && !jmux,
+                });
             }
         }
+        self.draining.clear();
         for (request, _) in self.binds_out.drain() {
             self.events.push_back(Event::BindAnswered {
                 request,
@@ -302,7 +336,7 @@ impl Mux {
         for id in ids {
             if let Some(s) = self.streams.get(&id) {
                 if matches!(s.phase, Phase::Open { .. }) {
-                    self.send_close(id, false);
+                    self.send_close(id, false, true);
                 }
             }
         }
@@ -324,6 +358,14 @@ impl Mux {
         v
     }
 
+    /// Ids of closed streams whose received bytes are still being
+    /// delivered (they hold budget and a slot), sorted.
+    pub fn draining_ids(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.draining.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
     /// A stream's state, if it is kept.
     pub fn phase(&self, id: u32) -> Option<Phase> {
         self.streams.get(&id).map(|s| s.phase)
@@ -331,7 +373,7 @@ impl Mux {
 
     pub fn stats(&self) -> MuxStats {
         MuxStats {
-            streams: self.streams.len(),
+            streams: self.streams.len() + self.draining.len(),
             budget_used: self.budget.used(),
             rtt_ns: self.window_rtt_ns(),
             bytes_sent: self.bytes_sent,
@@ -369,7 +411,10 @@ impl Mux {
         loop {
             let id = self.next_id;
             self.next_id = self.next_id.wrapping_add(1);
-            if !self.streams.contains_key(&id) && !self.expired.contains_key(&id) {
+            if !self.streams.contains_key(&id)
+                && !self.expired.contains_key(&id)
+                && !self.draining.contains_key(&id)
+            {
                 return id;
             }
         }
@@ -396,6 +441,8 @@ impl Mux {
                 max_packet,
                 recv: RecvWindow::new(reserved as u32, self.cfg.window.max, now),
                 reserved,
+                discarded: false,
+                local_open: false,
                 waiting: false,
                 tx_bytes: 0,
                 rx_bytes: 0,
@@ -445,27 +492,45 @@ impl Mux {
         }
     }
 
-    /// Sends CLOSE for an open stream and waits for the peer's.
-    fn send_close(&mut self, id: u32, discard: bool) {
+    /// Sends CLOSE for an open stream and waits for the peer's. `reset`:
+    /// the stream is cut short (see [`Event::Finished`]).
+    fn send_close(&mut self, id: u32, discard: bool, reset: bool) {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
         s.phase = Phase::CloseSent;
+        s.discarded |= discard;
         let remote = s.remote;
-        self.events.push_back(Event::Finished { id, discard });
+        // jetsocat never resets a local socket; in JMUX mode neither do we.
+        let reset = reset && !self.cfg.jmux;
+        self.events
+            .push_back(Event::Finished { id, discard, reset });
         self.send_stream_control(id, Frame::Close { recipient: remote });
     }
 
     fn close_if_finished(&mut self, id: u32) {
         if self.streams.get(&id).is_some_and(|s| s.phase.finished()) {
-            self.send_close(id, false);
+            self.send_close(id, false, false);
         }
     }
 
+    /// Forgets a stream. One whose local socket is still open (and not
+    /// dropping what it holds) keeps its budget and its slot until the
+    /// runtime closes the socket ([`Mux::local_closed`]).
     fn remove(&mut self, id: u32) {
         if let Some(s) = self.streams.remove(&id) {
-            self.budget.release(s.reserved);
+            if s.local_open && !s.discarded && self.dead.is_none() {
+                self.draining.insert(id, s.reserved);
+            } else {
+                self.budget.release(s.reserved);
+            }
         }
+    }
+
+    /// Streams counted against `max_streams`: open, connecting, and closed
+    /// ones still writing to their local sockets.
+    fn slots_used(&self) -> usize {
+        self.streams.len() + self.connecting + self.draining.len()
     }
 
     fn expire_open(&mut self, id: u32) {

@@ -4,7 +4,17 @@ use crate::frame::{Frame, Reason};
 use crate::window::SendCredit;
 
 use super::stream::{Down, Phase, StreamFrame, Up, Verdict};
-use super::{Event, Expired, IncomingOpen, Mux, Refused, MAX_BINDS};
+use super::{Event, Expired, IncomingOpen, Mux, Refused, MAX_BINDS, MIN_PEER_PACKET};
+
+/// A peer's maximum packet size below [`MIN_PEER_PACKET`] is refused.
+fn check_packet(max_packet: u16) -> Result<(), Violation> {
+    if max_packet < MIN_PEER_PACKET {
+        return Err(Violation(format!(
+            "maximum packet size {max_packet} below {MIN_PEER_PACKET}"
+        )));
+    }
+    Ok(())
+}
 
 /// A protocol violation: the session must end, with this reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -103,9 +113,10 @@ impl Mux {
                 max_packet,
                 dest,
             } => {
+                check_packet(max_packet)?;
                 let refuse = if self.goodbye.is_some() {
                     Some("shutting down")
-                } else if self.streams.len() + self.connecting >= self.cfg.max_streams {
+                } else if self.slots_used() >= self.cfg.max_streams {
                     tracing::warn!(%dest, limit = self.cfg.max_streams, "refusing stream: stream limit reached");
                     Some("too many streams")
                 } else {
@@ -145,6 +156,7 @@ impl Mux {
                     return Ok(());
                 }
                 self.check(recipient, StreamFrame::OpenSuccess, "OPEN_SUCCESS")?;
+                check_packet(max_packet)?;
                 let max_packet = self.clamp_packet(max_packet);
                 if let Some(s) = self.streams.get_mut(&recipient) {
                     s.remote = sender;
@@ -205,14 +217,20 @@ impl Mux {
                 let Some(phase) = self.check(recipient, StreamFrame::Close, "CLOSE")? else {
                     return Ok(());
                 };
-                if let (Phase::Open { .. }, Some(s)) = (phase, self.streams.get(&recipient)) {
+                if let (Phase::Open { down, .. }, Some(s)) = (phase, self.streams.get(&recipient)) {
                     // The peer is done with the stream: our unsent data for
-                    // it is moot. Answer with our CLOSE.
+                    // it is moot. Answer with our CLOSE. A native peer sends
+                    // EOF before a graceful CLOSE, so a CLOSE while its data
+                    // is still open means its side was reset or failed: pass
+                    // the reset on. (A JMUX peer, jetsocat, never resets: its
+                    // CLOSE without EOF still ends the local socket with FIN.)
+                    let reset = down == Down::Open && !self.cfg.jmux;
                     let remote = s.remote;
                     self.data.remove(recipient);
                     self.events.push_back(Event::Finished {
                         id: recipient,
                         discard: false,
+                        reset,
                     });
                     self.send_control(Frame::Close { recipient: remote });
                 }

@@ -1,0 +1,146 @@
+//! How a stream's end reaches the runtime: a CLOSE that cuts the peer's
+//! data short is a reset (native mode), a CLOSE after EOF is not; and a
+//! closed stream whose bytes are still being written keeps its budget and
+//! its slot until they are.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use longhaul_proto::frame::Frame;
+use longhaul_proto::mux::{Event, Mux, MuxConfig};
+use longhaul_proto::window::WindowConfig;
+
+fn config(jmux: bool) -> MuxConfig {
+    MuxConfig {
+        window: WindowConfig {
+            initial: 4096,
+            max: 65536,
+        },
+        budget: 20_000,
+        max_streams: 2,
+        send_queue: 8192,
+        send_total: 65536,
+        control_limit: 1 << 20,
+        keepalive: Duration::from_secs(30),
+        dead_after: Duration::from_secs(3600),
+        open_timeout: Duration::from_secs(5),
+        idle_timeout: None,
+        rtt_floor: Duration::from_millis(1),
+        jmux,
+        extensions: !jmux,
+        our_max_packet: 4096,
+        send_max_payload: 2048,
+        resumable: false,
+    }
+}
+
+/// The peer opens stream `sender`; we accept: our id for it.
+fn accepted(m: &mut Mux, sender: u32) -> u32 {
+    m.handle_frame(
+        Frame::Open {
+            sender,
+            window: 4096,
+            max_packet: 2048,
+            dest: "tcp://x:1".into(),
+        },
+        0,
+    )
+    .unwrap();
+    let open = match m.poll_event() {
+        Some(Event::OpenRequest { open, .. }) => open,
+        e => panic!("{e:?}"),
+    };
+    m.accept_open(open, 0).unwrap()
+}
+
+fn finished(m: &mut Mux) -> (bool, bool) {
+    while let Some(e) = m.poll_event() {
+        if let Event::Finished { discard, reset, .. } = e {
+            return (discard, reset);
+        }
+    }
+    panic!("no Finished event");
+}
+
+#[test]
+fn close_without_eof_is_a_reset_in_native_mode_only() {
+    for (jmux, want) in [(false, true), (true, false)] {
+        let mut m = Mux::new(config(jmux));
+        let id = accepted(&mut m, 7);
+        m.handle_frame(Frame::Close { recipient: id }, 0).unwrap();
+        assert_eq!(finished(&mut m), (false, want), "jmux {jmux}");
+    }
+}
+
+#[test]
+fn close_after_eof_is_a_clean_end() {
+    let mut m = Mux::new(config(false));
+    let id = accepted(&mut m, 7);
+    m.handle_frame(Frame::Eof { recipient: id }, 0).unwrap();
+    m.handle_frame(Frame::Close { recipient: id }, 0).unwrap();
+    assert_eq!(finished(&mut m), (false, false));
+}
+
+#[test]
+fn our_local_failure_resets_the_peer_side() {
+    let mut m = Mux::new(config(false));
+    let id = accepted(&mut m, 7);
+    m.abort(id);
+    assert_eq!(finished(&mut m), (true, true));
+}
+
+#[test]
+fn a_closed_stream_keeps_budget_and_slot_until_its_socket_is_closed() {
+    let mut m = Mux::new(config(false));
+    let id = accepted(&mut m, 7);
+    m.local_opened(id);
+    let before = m.stats().budget_used;
+    m.handle_frame(
+        Frame::Data {
+            recipient: id,
+            payload: Bytes::from(vec![1u8; 3000]),
+        },
+        0,
+    )
+    .unwrap();
+    m.handle_frame(Frame::Close { recipient: id }, 0).unwrap();
+    while m.poll_event().is_some() {}
+    // The stream is closed, its socket still open (its 3000 bytes on their
+    // way): its budget and slot stay taken (max_streams is 2: one more
+    // stream, not two).
+    assert!(m.stream_ids().is_empty());
+    assert_eq!(m.draining_ids(), vec![id]);
+    assert_eq!(m.stats().budget_used, before);
+    assert_eq!(m.stats().streams, 1);
+    m.open("tcp://y:1", 0).unwrap();
+    assert!(
+        m.open("tcp://y:2", 0).is_err(),
+        "the draining stream holds a slot"
+    );
+    // Written, but the socket still open (a reset waits for the bytes to
+    // be taken): still held.
+    m.delivered(id, 3000, 0);
+    assert_eq!(m.draining_ids(), vec![id]);
+    m.local_closed(id);
+    assert!(m.draining_ids().is_empty());
+    assert_eq!(m.stats().streams, 1);
+    m.open("tcp://y:3", 0).unwrap();
+}
+
+#[test]
+fn a_stream_without_a_socket_or_closed_by_us_holds_nothing_after_close() {
+    // No local socket yet.
+    let mut m = Mux::new(config(false));
+    let id = accepted(&mut m, 7);
+    m.handle_frame(Frame::Close { recipient: id }, 0).unwrap();
+    assert!(m.draining_ids().is_empty());
+    assert_eq!(m.stats().budget_used, 0);
+    // Our socket failed (its data dropped): the peer's CLOSE frees it.
+    let mut m = Mux::new(config(false));
+    let id = accepted(&mut m, 7);
+    m.local_opened(id);
+    m.abort(id);
+    m.handle_frame(Frame::Close { recipient: id }, 0).unwrap();
+    assert!(m.draining_ids().is_empty());
+    assert_eq!(m.stats().budget_used, 0);
+}
