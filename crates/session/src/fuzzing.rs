@@ -352,10 +352,22 @@ pub fn lane_peer(data: &[u8]) {
     let Some((&sel, rest)) = data.split_first() else {
         return;
     };
-    within_deadline(run_lane(sel, rest));
+    within_deadline(run_lane(sel, rest, 2));
 }
 
-async fn run_lane(sel: u8, peer_bytes: &[u8]) {
+/// Any bytes as the peer of a resumable session on one carrier, after a
+/// well-formed hello and attach: the link layer (ACKs, GOODBYE, frames
+/// counted in its byte sequence) with resume offered. The first byte
+/// picks how many streams our side opens first.
+pub fn resumable_peer(data: &[u8]) {
+    let Some((&sel, rest)) = data.split_first() else {
+        return;
+    };
+    within_deadline(run_lane(sel, rest, 1));
+}
+
+/// `lanes`: 2, a striped session's lane; 1, a resumable single carrier.
+async fn run_lane(sel: u8, peer_bytes: &[u8], lanes: u8) {
     use longhaul_proto::handshake::FEATURE_RESUME;
     use longhaul_proto::resume::{Attached, SessionId, ATTACH_LEN};
     let (carrier, theirs) = duplex_carrier();
@@ -365,7 +377,7 @@ async fn run_lane(sel: u8, peer_bytes: &[u8]) {
         handshake_timeout: Duration::from_secs(2),
         open_timeout: Duration::from_secs(2),
         replay_limit: 1 << 20,
-        stripes: 2,
+        stripes: lanes,
         ..SessionConfig::default()
     };
     let (mut peer_r, mut peer_w) = tokio::io::split(theirs);
@@ -384,7 +396,7 @@ async fn run_lane(sel: u8, peer_bytes: &[u8]) {
                 b
             },
             replay_limit: 1 << 20,
-            lanes: 2,
+            lanes: if lanes > 1 { lanes } else { 0 },
         };
         peer_w.write_all(&granted.encode()).await?;
         let _ = go_rx.await;
@@ -436,6 +448,14 @@ async fn run_lane(sel: u8, peer_bytes: &[u8]) {
         extensions: true,
     };
     loop {
+        if lanes < 2 {
+            // One carrier: frames as they are (the link layer counts them).
+            match frame::decode(&mut buf, limits) {
+                Ok(Some(_)) => continue,
+                Ok(None) => break,
+                Err(e) => panic!("the session wrote an invalid message: {e}"),
+            }
+        }
         match frame::decode(&mut buf, limits) {
             Ok(Some(frame::Frame::Ack { .. })) => {}
             Ok(Some(frame::Frame::Chunk { len, .. })) => {

@@ -44,6 +44,18 @@ fn lane_corpus() {
 }
 
 #[test]
+fn resumable_corpus() {
+    // The lane corpus is the same format (a selector byte, then the
+    // peer's bytes after the attach).
+    for target in ["lane", "resumable"] {
+        for (name, data) in corpus(target) {
+            eprintln!("{name}");
+            fuzzing::resumable_peer(&data);
+        }
+    }
+}
+
+#[test]
 fn mux_corpus() {
     // The session corpus is the same format (mode byte, then the peer's
     // bytes); the mux target's own corpus grows from it.
