@@ -144,3 +144,85 @@ fn a_stream_without_a_socket_or_closed_by_us_holds_nothing_after_close() {
     assert!(m.draining_ids().is_empty());
     assert_eq!(m.stats().budget_used, 0);
 }
+
+#[test]
+fn a_tiny_maximum_packet_size_is_refused() {
+    // In an OPEN…
+    let mut m = Mux::new(config(false));
+    let r = m.handle_frame(
+        Frame::Open {
+            sender: 1,
+            window: 4096,
+            max_packet: 1,
+            dest: "tcp://x:1".into(),
+        },
+        0,
+    );
+    assert!(r.is_err());
+    assert!(
+        m.dead().unwrap().contains("maximum packet size 1"),
+        "{:?}",
+        m.dead()
+    );
+    // …and in an OPEN_SUCCESS (JMUX counts the header: 9 is still tiny).
+    let mut m = Mux::new(config(true));
+    let id = m.open("tcp://y:1", 0).unwrap();
+    let r = m.handle_frame(
+        Frame::OpenSuccess {
+            recipient: id,
+            sender: 5,
+            window: 4096,
+            max_packet: 9,
+        },
+        0,
+    );
+    assert!(r.is_err());
+}
+
+#[test]
+fn what_a_session_queues_outbound_is_bounded_across_streams() {
+    let mut cfg = config(false);
+    cfg.max_streams = 64;
+    cfg.send_queue = 16 << 10;
+    cfg.send_total = 40 << 10;
+    let mut m = Mux::new(cfg);
+    let mut ids = vec![];
+    for k in 0..8 {
+        m.handle_frame(
+            Frame::Open {
+                sender: k,
+                window: 1 << 20,
+                max_packet: 4096,
+                dest: "tcp://x:1".into(),
+            },
+            0,
+        )
+        .unwrap();
+        let open = loop {
+            if let Some(Event::OpenRequest { open, .. }) = m.poll_event() {
+                break open;
+            }
+        };
+        ids.push(m.accept_open(open, 0).unwrap());
+    }
+    // Every stream sends as much as it may: the session holds ≤ 40 KiB.
+    let mut queued = 0;
+    for &id in &ids {
+        let n = m.send_room(id).unwrap();
+        m.send(id, Bytes::from(vec![0u8; n]));
+        queued += n;
+    }
+    assert!(queued <= 40 << 10, "{queued} bytes queued");
+    assert_eq!(m.send_room(ids[7]), Some(0));
+    // Once the carrier takes them, the waiting streams may send again.
+    let mut batch = std::collections::VecDeque::new();
+    m.poll_transmit(&mut batch, 1 << 20, 1 << 10);
+    let mut writable = 0;
+    while let Some(e) = m.poll_event() {
+        if matches!(e, Event::Writable { .. }) {
+            writable += 1;
+        }
+    }
+    assert!(writable >= 1);
+    assert!(m.send_room(ids[7]).unwrap() > 0);
+}
