@@ -17,6 +17,19 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+/// What counts as one source: an IPv4 address, or an IPv6 /64 (one
+/// host's share of addresses is commonly a whole /64).
+pub fn source_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let mut o = v6.octets();
+            o[8..].fill(0);
+            IpAddr::V6(o.into())
+        }
+        v4 => v4,
+    }
+}
+
 /// Handshakes pending at once, from all sources.
 pub const MAX_PENDING: usize = 256;
 /// Handshakes pending at once from one source address.
@@ -172,6 +185,15 @@ mod tests {
         let a3 = p.admit(Some(a));
         assert!(a1.run(std::future::pending::<()>()).await.is_none());
         assert_eq!(p.len(), 3);
+        // A whole IPv6 /64 is one source.
+        assert_eq!(
+            source_of("2001:db8::1".parse().unwrap()),
+            source_of("2001:db8::ffff:1".parse().unwrap())
+        );
+        assert_eq!(
+            source_of("::ffff:198.18.0.1".parse().unwrap()),
+            "198.18.0.1".parse::<IpAddr>().unwrap()
+        );
         // Full in total: the oldest of all (b1) goes.
         let _c = p.admit(None);
         let _d = p.admit(None);

@@ -377,8 +377,8 @@ impl Serving {
     /// Runs a carrier's own handshake (TLS, WebSocket upgrade) and its
     /// authentication under one deadline, then its session. `gate`: the
     /// carrier's place while it authenticates (a pending ticket, which a
-    /// flood may take away, then a session slot once authenticated), or a
-    /// slot it already holds.
+    /// flood may take away; a session slot is taken only if it starts a new
+    /// session, not for a resume or a lane), or a slot it already holds.
     async fn handshake_and_serve(
         self,
         from: String,
@@ -388,10 +388,11 @@ impl Serving {
         gate: Gate,
     ) {
         let limit = self.config.session.handshake_timeout;
+        let deadline = tokio::time::Instant::now() + limit;
         let config = self.config.clone();
         let policy = self.policy.clone();
         let authed = async {
-            let (mut carrier, key) = match tokio::time::timeout(limit, setup).await {
+            let (mut carrier, key) = match tokio::time::timeout_at(deadline, setup).await {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => {
                     config.metrics.refused(Refusal::Handshake);
@@ -404,24 +405,17 @@ impl Serving {
                     ));
                 }
             };
-            let who = authenticate(&mut carrier, key, &config, &policy, true).await?;
+            let who = authenticate(&mut carrier, key, &config, &policy, true, deadline).await?;
             Ok((carrier, key, who))
         };
-        let (authed, _permit) = match gate {
-            Gate::Slot(permit) => (authed.await, permit),
+        let (authed, _permit, slots) = match gate {
+            Gate::Slot(permit) => (authed.await, permit, None),
             Gate::Pending(ticket) => {
                 let Some(authed) = ticket.run(authed).await else {
                     self.config.metrics.refused(Refusal::Handshake);
                     return tracing::debug!(%from, "dropped a pending handshake to make room");
                 };
-                if authed.is_err() {
-                    (authed, None)
-                } else {
-                    match self.slot(&from) {
-                        Some(p) => (authed, Some(p)),
-                        None => return,
-                    }
-                }
+                (authed, None, Some(&self))
             }
         };
         let (carrier, key, who) = match authed {
@@ -433,10 +427,11 @@ impl Serving {
             key,
             who,
             from.clone(),
-            self.config,
+            self.config.clone(),
             &self.policy,
             Some(&self.live),
             &self.resumables,
+            slots,
         );
         match served.await {
             Ok(what) => tracing::info!(%from, "{what}"),
@@ -466,7 +461,7 @@ async fn accept_loop(
         let (sock, from) = accept_with_backoff(&listener, &url.to_string()).await;
         let ticket = serving
             .pending
-            .admit(per_source.then_some(from.ip().to_canonical()));
+            .admit(per_source.then_some(crate::pending::source_of(from.ip())));
         let (serving, tls, transport) = (serving.clone(), tls.clone(), url.transport.clone());
         tokio::spawn(async move {
             if let Some(cc) = &serving.config.congestion {
@@ -520,8 +515,12 @@ async fn serve_carrier(
     live: Option<&Live>,
     resumables: &Arc<Resumables>,
 ) -> Result<String, String> {
-    let who = authenticate(&mut carrier, key, &config, policy, live.is_some()).await?;
-    run_session(carrier, key, who, from, config, policy, live, resumables).await
+    let deadline = tokio::time::Instant::now() + config.session.handshake_timeout;
+    let who = authenticate(&mut carrier, key, &config, policy, live.is_some(), deadline).await?;
+    run_session(
+        carrier, key, who, from, config, policy, live, resumables, None,
+    )
+    .await
 }
 
 /// Reads the preamble and decides who the peer is (`checked`: false for
@@ -532,12 +531,14 @@ async fn authenticate(
     config: &ServerConfig,
     policy: &PolicyCell,
     checked: bool,
+    // Shared with the carrier's own handshake: one limit for both.
+    deadline: tokio::time::Instant,
 ) -> Result<Authenticated, String> {
     // Native clients send the preamble (even over a trusted pipe); JMUX
     // peers have none and can only authenticate by key.
     let token = if config.session.mode == longhaul_session::Mode::Native {
         let limit = config.session.handshake_timeout;
-        match tokio::time::timeout(limit, read_preamble(&mut carrier.reader)).await {
+        match tokio::time::timeout_at(deadline, read_preamble(&mut carrier.reader)).await {
             Ok(Ok(t)) => Some(t),
             Ok(Err(e)) => {
                 config.metrics.refused(Refusal::Handshake);
@@ -577,6 +578,9 @@ async fn run_session(
     policy: &PolicyCell,
     live: Option<&Live>,
     resumables: &Arc<Resumables>,
+    // Where a new session takes its slot under --max-sessions (None: the
+    // carrier holds one already, or is the trusted pipe).
+    slots: Option<&Serving>,
 ) -> Result<String, String> {
     let mut acceptor = ServerAcceptor::new(&config, policy, &who, from.clone());
     if live.is_none() {
@@ -601,6 +605,14 @@ async fn run_session(
     .await;
     match served {
         Ok(Served::New(h)) => {
+            let _permit = match slots.map(|s| s.slot(&from)) {
+                Some(None) => {
+                    h.close("session limit reached (--max-sessions)");
+                    return Err("session refused: session limit reached".into());
+                }
+                Some(Some(p)) => Some(p),
+                None => None,
+            };
             tracing::info!(%from, who = %who.who(), resumable = h.is_resumable(), "session started");
             let id = live.map(|l| l.add(h.clone(), Who::from(&who)));
             let _tracked = config.metrics.track(&from, &h);

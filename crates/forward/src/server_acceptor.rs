@@ -56,6 +56,13 @@ impl ServerAcceptor {
     }
 }
 
+/// The global rules and `who`'s grants in the policy in force now.
+fn cell_now(cell: &PolicyCell, who: &Who) -> Option<(Arc<Policy>, Grants)> {
+    let p = cell.current();
+    let g = p.grants(who)?;
+    Some((p, g))
+}
+
 impl Acceptor for ServerAcceptor {
     fn connect(&self, dest: String) -> BoxFuture<Result<LocalStream, OpenRefused>> {
         let peer = self.peer.clone();
@@ -66,6 +73,8 @@ impl Acceptor for ServerAcceptor {
         };
         let rules = policy.rules.clone();
         let key_rules = grants.allow;
+        let (cell, who) = (self.policy.clone(), self.who.clone());
+        let checked_under = policy.clone();
         if dest == crate::doctor::SERVICE {
             let r = crate::doctor::accept(&peer)
                 .map_err(|e| OpenRefused::new(Reason::GENERAL_FAILURE, e));
@@ -101,7 +110,26 @@ impl Acceptor for ServerAcceptor {
                     return Err(e);
                 }
             };
-            connect_any(&addrs).await.map(Into::into)
+            let sock = connect_any(&addrs).await?;
+            // A reload during the connect (up to its timeout) must not let
+            // through what it now refuses: if the policy changed, its rules
+            // once more.
+            if Arc::ptr_eq(&cell.current(), &checked_under) {
+                return Ok(sock.into());
+            }
+            let Some((policy, grants)) = cell_now(&cell, &who) else {
+                return Err(OpenRefused::new(
+                    Reason::NOT_ALLOWED,
+                    "no longer authorized",
+                ));
+            };
+            let mut sets = vec![&policy.rules];
+            sets.extend(grants.allow.as_ref());
+            if allowed_addrs(&sets, &host, port).await.is_err() {
+                tracing::warn!(%peer, %dest, "refused: the rules changed while connecting");
+                return Err(OpenRefused::new(Reason::NOT_ALLOWED, "no longer allowed"));
+            }
+            Ok(sock.into())
         })
     }
 
@@ -183,15 +211,17 @@ impl BindGrant {
     async fn revoked(&self) -> String {
         let mut rx = self.policy.watch();
         loop {
-            if rx.changed().await.is_err() {
-                return std::future::pending().await;
-            }
+            // The policy in force now first: a reload between the bind's
+            // check and this watch is not missed.
             let p = rx.borrow_and_update().clone();
             if !p.allows_bind(&self.who, self.addr) {
                 return format!(
                     "the rules no longer allow its reverse bind on {}",
                     self.addr
                 );
+            }
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
             }
         }
     }

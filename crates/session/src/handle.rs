@@ -46,6 +46,7 @@ impl Drop for Opened {
     fn drop(&mut self) {
         if !self.attached {
             let id = self.id;
+            self.shared.forget_unattached(id);
             self.shared.with(|m, _| m.abandon(id));
         }
     }

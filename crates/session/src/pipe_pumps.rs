@@ -16,14 +16,13 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, src:
         let Some(room) = send_room(&shared, id, &io).await else {
             return;
         };
-        let data = loop {
-            match src.take(room) {
-                Taken::Data(d) => break d,
-                Taken::End => return shared.with(|m, _| m.send_eof(id)),
-                Taken::Empty => src.wait().await,
-            }
-        };
-        shared.with(|m, _| m.send(id, data));
+        // The room is asked for again after every wait: the session's
+        // queue is bounded in total, and others may have taken it.
+        match src.take(room) {
+            Taken::Data(d) => shared.with(|m, _| m.send(id, d)),
+            Taken::End => return shared.with(|m, _| m.send_eof(id)),
+            Taken::Empty => src.wait().await,
+        }
     }
 }
 

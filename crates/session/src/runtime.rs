@@ -94,6 +94,19 @@ pub(crate) struct StreamRt {
     /// The local socket's other end: the application (a stream opened
     /// here) or the target (one the peer opened).
     pub local: Option<String>,
+    /// Where its local socket is.
+    pub socket: Socket,
+}
+
+/// A stream's local socket, as far as its pumps go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Socket {
+    /// Not attached yet.
+    NotYet,
+    /// Its pumps run.
+    Open,
+    /// Its downlink ended (the socket is closed or going).
+    Closed,
 }
 
 type OpenReply = oneshot::Sender<Result<(), OpenRefused>>;
@@ -123,6 +136,13 @@ pub(crate) struct State {
     /// The core found the carrier silent (resumable session): the
     /// housekeeping task drops it.
     silent: Option<std::time::Duration>,
+    /// Finished streams whose downlink still writes their last bytes (or
+    /// waits to reset): told when the session dies, like live streams.
+    /// Bounded by `max_streams` (the core keeps their slots).
+    lingering: HashMap<u32, Arc<StreamIo>>,
+    /// Streams that finished before their local socket was attached:
+    /// the attach still delivers what they received, and their end.
+    unattached: HashMap<u32, Arc<StreamIo>>,
 }
 
 pub(crate) struct Shared {
@@ -188,6 +208,8 @@ impl Shared {
                 work: Vec::new(),
                 torn_down: false,
                 silent: None,
+                lingering: HashMap::new(),
+                unattached: HashMap::new(),
             }),
             wake_writer: Notify::new(),
             closed_tx: watch::channel(None).0,
@@ -254,6 +276,9 @@ impl Shared {
                 s.io.up.notify_one();
                 s.io.abort_inbox();
             }
+            for (_, io) in st.lingering.drain().chain(st.unattached.drain()) {
+                io.abort_inbox();
+            }
             st.opens.clear();
             st.binds.clear();
             self.closed_tx.send_replace(Some(why));
@@ -302,6 +327,15 @@ impl Shared {
                         s.io.abort_inbox();
                     } else {
                         s.io.close_inbox(discard, reset);
+                        match (discard, s.socket) {
+                            (false, Socket::Open) => {
+                                st.lingering.insert(id, s.io);
+                            }
+                            (false, Socket::NotYet) => {
+                                st.unattached.insert(id, s.io);
+                            }
+                            _ => {}
+                        }
                     }
                 }
             }
@@ -370,6 +404,7 @@ impl Shared {
                 opened_here: true,
                 since: Instant::now(),
                 local: None,
+                socket: Socket::NotYet,
             },
         );
         self.dispatch(&mut st);
@@ -417,6 +452,7 @@ impl Shared {
                     opened_here: false,
                     since: Instant::now(),
                     local: None,
+                    socket: Socket::NotYet,
                 },
             );
             (id, io)
@@ -456,9 +492,38 @@ impl Shared {
         self.lock().silent.take()
     }
 
-    /// The inbound queue and wake-ups of stream `id`, if it is still there.
-    pub fn stream_io(&self, id: u32) -> Option<Arc<StreamIo>> {
-        self.lock().streams.get(&id).map(|s| s.io.clone())
+    /// The inbound queue and wake-ups of stream `id`, for its pumps: the
+    /// live stream's, or the one it left if it finished before its socket
+    /// was attached (its last bytes and its end still go to the socket).
+    pub fn pumps_io(&self, id: u32) -> Option<Arc<StreamIo>> {
+        let mut st = self.lock();
+        if let Some(s) = st.streams.get_mut(&id) {
+            s.socket = Socket::Open;
+            let io = s.io.clone();
+            // Until the downlink closes the socket, the stream keeps its
+            // slot and budget, even once closed (`Mux::local_closed`).
+            st.mux.local_opened(id);
+            return Some(io);
+        }
+        let io = st.unattached.remove(&id)?;
+        st.lingering.insert(id, io.clone());
+        Some(io)
+    }
+
+    /// A stream's downlink ended: its socket is closed.
+    pub fn local_closed(self: &Arc<Self>, id: u32) {
+        let mut st = self.lock();
+        st.lingering.remove(&id);
+        if let Some(s) = st.streams.get_mut(&id) {
+            s.socket = Socket::Closed;
+        }
+        st.mux.local_closed(id);
+        self.dispatch(&mut st);
+    }
+
+    /// The opener of `id` went away without attaching a socket.
+    pub fn forget_unattached(&self, id: u32) {
+        self.lock().unattached.remove(&id);
     }
 
     /// Records the task reading stream `id`'s socket, so that closing the

@@ -29,12 +29,9 @@ const SHORT_READ_SHARE: usize = 4;
 
 /// Starts relaying between stream `id` and `sock`: its two pumps.
 pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
-    let Some(io) = shared.stream_io(id) else {
+    let Some(io) = shared.pumps_io(id) else {
         return;
     };
-    // Until the downlink closes the socket, the stream keeps its slot and
-    // budget, even once closed (see `Mux::local_closed`).
-    shared.with(|m, _| m.local_opened(id));
     let local = match &sock {
         LocalStream::Tcp(s) => s.peer_addr().ok().map(|a| a.to_string()),
         LocalStream::Unix(_) | LocalStream::Service(_) => None,
@@ -73,13 +70,21 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: 
     let mut alloc = 0;
     let mut size = UPLINK_FIRST_READ;
     loop {
-        let Some(n) = send_room(&shared, id, &io).await else {
+        let Some(mut n) = send_room(&shared, id, &io).await else {
             return;
         };
         // Readiness first: an idle socket holds no buffer.
         if buf.capacity() == 0 {
             if let Err(err) = rd.readable().await {
                 return fail(&shared, id, err);
+            }
+            // Other streams may have taken the session's room meanwhile
+            // (its queue is bounded in total): ask again, with no wait
+            // between the answer and the read.
+            match shared.with(|m, _| m.send_room(id)) {
+                None => return,
+                Some(0) => continue,
+                Some(now) => n = now.min(UPLINK_READ),
             }
             // A fresh buffer, never a grown one: growing a uniquely owned
             // buffer reallocates and copies everything already sent out of
@@ -178,8 +183,7 @@ pub(crate) struct LocalClosed(pub Arc<Shared>, pub u32);
 
 impl Drop for LocalClosed {
     fn drop(&mut self) {
-        let id = self.1;
-        self.0.with(|m, _| m.local_closed(id));
+        self.0.local_closed(self.1);
     }
 }
 
@@ -245,7 +249,8 @@ async fn settle(wr: &impl LocalWrite, io: &StreamIo) {
     let mut pause = std::time::Duration::from_micros(200);
     while wr.unacked() > 0 && start.elapsed() < SETTLE_MAX && !io.inbox().abort {
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(std::time::Duration::from_millis(50));
+        // At most 10 checks a second per stream once it waits.
+        pause = (pause * 2).min(std::time::Duration::from_millis(100));
     }
 }
 

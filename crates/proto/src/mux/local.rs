@@ -352,8 +352,15 @@ impl Mux {
                 self.events.push_back(Event::Writable { id });
             }
         }
+        self.wake_if_total_drained();
+    }
+
+    /// Streams that waited for the session's queue to drain (`send_total`)
+    /// are woken once it has half drained: once per fill and drain, not
+    /// per frame. Called whenever queued DATA leaves the queue (sent, or
+    /// dropped with its stream).
+    pub(super) fn wake_if_total_drained(&mut self) {
         if self.total_blocked && self.data.total_queued() <= self.cfg.send_total / 2 {
-            // Once per fill and drain of the session's queue, not per frame.
             self.total_blocked = false;
             for (&id, s) in self.streams.iter_mut() {
                 if s.waiting {

@@ -227,6 +227,7 @@ impl Mux {
                     let reset = down == Down::Open && !self.cfg.jmux;
                     let remote = s.remote;
                     self.data.remove(recipient);
+                    self.wake_if_total_drained();
                     self.events.push_back(Event::Finished {
                         id: recipient,
                         discard: false,
