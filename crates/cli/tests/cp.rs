@@ -209,7 +209,7 @@ fn an_interrupted_copy_resumes_from_the_verified_prefix() {
     // Download, killed half-way, then the same command again.
     std::fs::copy(&src, f.files.join("down.bin")).unwrap();
     let dest = f.dir.join("down.bin");
-    let part = f.dir.join(".down.bin.longhaul-part");
+    let part = f.dir.join(".longhaul-partial/down.bin");
     let args = [f.at("/down.bin"), dest.to_str().unwrap().to_string()];
     let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
     let had = kill_when_partial(f.cp_command("rw", &args), &part, size);
@@ -229,7 +229,7 @@ fn an_interrupted_copy_resumes_from_the_verified_prefix() {
 
     // Upload, killed half-way: the server keeps the part (its session
     // waits for a resume) and the next upload takes it over at once.
-    let part = f.files.join(".up.bin.longhaul-part");
+    let part = f.files.join(".longhaul-partial/up.bin");
     let args = [src.to_str().unwrap().to_string(), f.at("/up.bin")];
     let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
     let had = kill_when_partial(f.cp_command("rw", &args), &part, size);
@@ -246,6 +246,7 @@ fn an_interrupted_copy_resumes_from_the_verified_prefix() {
     assert_eq!(names(&f.files), ["down.bin", "up.bin"]);
 
     // A partial file that does not match the source is not trusted.
+    std::fs::create_dir_all(part.parent().unwrap()).unwrap();
     std::fs::write(&part, vec![0u8; 4 << 20]).unwrap();
     let out = f.cp("rw", &args);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -377,7 +378,7 @@ fn a_file_changing_while_read_is_reported_not_copied_torn() {
         stderr(&out)
     );
     assert!(!dest.exists());
-    assert!(!f.dir.join(".down.bin.longhaul-part").exists());
+    assert!(!f.dir.join(".longhaul-partial/down.bin").exists());
     let _ = std::fs::remove_dir_all(&f.dir);
 }
 
@@ -474,12 +475,13 @@ fn bad_cp_arguments_get_one_line() {
 fn partial_uploads_nobody_resumes_are_removed_in_time() {
     let base = tmpdir("cp-sweep");
     let served = base.join("served");
-    std::fs::create_dir_all(served.join("deep")).unwrap();
+    std::fs::create_dir_all(served.join("deep/.longhaul-partial")).unwrap();
+    std::fs::create_dir_all(served.join(".longhaul-partial")).unwrap();
     let ten_days_ago = std::time::SystemTime::now() - Duration::from_secs(10 * 86_400);
     for (name, old) in [
-        (".old.iso.longhaul-part", true),
-        ("deep/.old2.iso.longhaul-part", true),
-        (".new.iso.longhaul-part", false),
+        (".longhaul-partial/old.iso", true),
+        ("deep/.longhaul-partial/old2.iso", true),
+        (".longhaul-partial/new.iso", false),
         ("kept.iso", true),
     ] {
         let f = std::fs::File::create(served.join(name)).unwrap();
@@ -498,9 +500,9 @@ fn partial_uploads_nobody_resumes_are_removed_in_time() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(f.server_log().contains(said), "{}", f.server_log());
-    assert!(!served.join(".old.iso.longhaul-part").exists());
-    assert!(!served.join("deep/.old2.iso.longhaul-part").exists());
-    assert!(served.join(".new.iso.longhaul-part").exists());
+    assert!(!served.join(".longhaul-partial/old.iso").exists());
+    assert!(!served.join("deep/.longhaul-partial").exists());
+    assert!(served.join(".longhaul-partial/new.iso").exists());
     assert!(served.join("kept.iso").exists());
     // A bad age is one line that says what to write instead.
     let out = Command::new(BIN)
@@ -581,12 +583,13 @@ fn path_escapes_are_refused_and_logged() {
     let mut conn = remote.connect().unwrap();
     let counters = Counters::default();
     let dest = f.dir.join("got");
+    let dest = &longhaul_files::local::LocalDest::path(&dest).unwrap();
     let err = |r: anyhow::Result<()>| format!("{:#}", r.unwrap_err());
 
     assert!(err(conn.stat(b"../secret.txt").map(drop)).contains("'..' is refused"));
     assert!(err(conn.stat(b"/etc/passwd").map(drop)).contains("absolute paths are refused"));
-    assert!(err(conn.get(b"out/secret.txt", &dest, &counters).map(drop)).contains("leads out"));
-    assert!(err(conn.get(b"abs", &dest, &counters).map(drop)).contains("leads out"));
+    assert!(err(conn.get(b"out/secret.txt", dest, &counters).map(drop)).contains("leads out"));
+    assert!(err(conn.get(b"abs", dest, &counters).map(drop)).contains("leads out"));
     let src = f.dir.join("secret.txt");
     assert!(
         err(conn.put(&src, b"out/planted.txt", b"", &counters).map(drop)).contains("leads out")
@@ -600,7 +603,7 @@ fn path_escapes_are_refused_and_logged() {
             .contains("'..' is refused")
     );
     assert!(!f.dir.join("planted.txt").exists());
-    assert!(!dest.exists());
+    assert!(!f.dir.join("got").exists());
 
     // What stays inside works, on the same stream.
     let listed: Vec<String> = conn
@@ -610,8 +613,8 @@ fn path_escapes_are_refused_and_logged() {
         .map(|e| String::from_utf8_lossy(&e.path).into_owned())
         .collect();
     assert_eq!(listed, ["inside.txt"], "symbolic links are not listed");
-    conn.get(b"in", &dest, &counters).unwrap();
-    assert_eq!(std::fs::read(&dest).unwrap(), b"inside");
+    conn.get(b"in", dest, &counters).unwrap();
+    assert_eq!(std::fs::read(f.dir.join("got")).unwrap(), b"inside");
 
     client.stop("done");
     let log = f.server_log();

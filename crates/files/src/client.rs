@@ -1,23 +1,23 @@
 //! The client's side of one stream: requests, and the copies themselves.
 
-use std::ffi::OsStr;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context};
 use longhaul_session::{LocalStream, ServicePipe, SessionHandle};
-use rustix::fs::FlockOperation;
+use rustix::fs::{FlockOperation, OFlags};
 
 use blake3::Hasher;
 
-use crate::root::{part_name, RelPath};
+use crate::local::LocalDest;
+use crate::part::Part;
+use crate::root::{RelPath, MAX_DEPTH};
 use crate::transfer::{self, receive_file, send_file, TransferError, Version};
-use crate::wire::{self, Entry, Kind, Request, MAX_LIST_ENTRIES};
+use crate::wire::{self, Entry, Kind, ListItem, Request, MAX_LIST_BYTES, MAX_LIST_ENTRIES};
 use crate::SERVICE;
 
 /// How a worker thread reaches the server: the session in use now.
@@ -30,8 +30,18 @@ pub struct Remote {
 impl Remote {
     /// Opens a stream to the file service (blocking).
     pub fn connect(&self) -> anyhow::Result<Conn> {
+        let sock = self.connect_raw()?;
+        Ok(Conn {
+            out: sock.clone(),
+            input: sock,
+        })
+    }
+
+    /// A stream to the file service, to speak its wire format directly
+    /// (tests, tools).
+    pub fn connect_raw(&self) -> anyhow::Result<ServicePipe> {
         let session = (self.session)();
-        let sock = self.runtime.block_on(async move {
+        self.runtime.block_on(async move {
             let opened = session
                 .open(SERVICE)
                 .await
@@ -39,10 +49,6 @@ impl Remote {
             let (ours, theirs) = LocalStream::service(crate::serve::IDLE_LIMIT);
             opened.attach(ours);
             anyhow::Ok(theirs)
-        })?;
-        Ok(Conn {
-            out: sock.clone(),
-            input: sock,
         })
     }
 }
@@ -99,39 +105,86 @@ impl Conn {
         })
     }
 
-    /// Every entry under a remote folder; each path checked, since the
-    /// server's answers become local paths.
-    pub fn list(&mut self, path: &[u8]) -> anyhow::Result<Vec<Entry>> {
-        self.request(&Request::List {
-            path: path.to_vec(),
-        })?;
-        let n = wire::read_u32(&mut self.input).map_err(lost)?;
-        if n > MAX_LIST_ENTRIES {
-            bail!("the server listed {n} entries (at most {MAX_LIST_ENTRIES})");
+    /// Every entry under a remote folder, given to `each` as it arrives;
+    /// each path checked, since the server's answers become local paths,
+    /// and the listing bounded ([`MAX_LIST_ENTRIES`], [`MAX_LIST_BYTES`],
+    /// [`MAX_DEPTH`] folders). If `each` fails, the stream is out of step:
+    /// drop it.
+    pub fn list_each(
+        &mut self,
+        path: &[u8],
+        mut each: impl FnMut(Entry, RelPath) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        self.out
+            .write_all(
+                &Request::List {
+                    path: path.to_vec(),
+                }
+                .encode(),
+            )
+            .map_err(lost)?;
+        match wire::read_status(&mut self.input) {
+            Ok(Ok(())) => {}
+            Ok(Err(msg)) => bail!("{msg}"),
+            // An older server ends a stream that asks what it does not know.
+            Err(wire::WireError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => bail!(
+                "the server ended the stream when asked for a listing: an older longhaul? \
+                 (copying folders needs the same version on both sides)"
+            ),
+            Err(e) => return Err(lost(e)),
         }
-        let mut out = Vec::with_capacity(n.min(1024) as usize);
-        for _ in 0..n {
-            let e = wire::read_entry(&mut self.input)?;
+        let (mut entries, mut bytes) = (0u32, 0u64);
+        loop {
+            let e = match wire::read_item(&mut self.input).map_err(lost)? {
+                ListItem::Entry(e) => e,
+                ListItem::End => return Ok(()),
+                ListItem::Failed(msg) => bail!("{msg}"),
+            };
+            entries += 1;
+            bytes += e.path.len() as u64;
+            if entries > MAX_LIST_ENTRIES || bytes > MAX_LIST_BYTES {
+                bail!(
+                    "the server listed more than {MAX_LIST_ENTRIES} entries or {} MiB of paths",
+                    MAX_LIST_BYTES >> 20
+                );
+            }
             let rel = RelPath::parse(&e.path)
                 .map_err(|r| anyhow!("the server listed a bad path: {r}"))?;
             if rel.components().is_empty() || e.kind == Kind::Missing {
                 bail!("the server listed a bad entry");
             }
-            out.push(e);
+            if rel.components().len() > MAX_DEPTH + 1 {
+                bail!("the server listed a path deeper than {MAX_DEPTH} folders");
+            }
+            each(e, rel)?;
         }
+    }
+
+    /// Every entry under a remote folder (see [`Conn::list_each`]).
+    pub fn list(&mut self, path: &[u8]) -> anyhow::Result<Vec<Entry>> {
+        let mut out = vec![];
+        self.list_each(path, |e, _| {
+            out.push(e);
+            Ok(())
+        })?;
         Ok(out)
     }
 
-    /// Downloads `src` to `dest` through `.NAME.longhaul-part` beside it.
-    pub fn get(&mut self, src: &[u8], dest: &Path, c: &Counters) -> anyhow::Result<Copied> {
-        let part = part_path(dest)?;
-        let file = open_part(&part)?;
+    /// Downloads `src` to `dest`, through a partial copy beside it
+    /// (`.longhaul-partial/NAME`) renamed only once the hashes agree.
+    pub fn get(&mut self, src: &[u8], dest: &LocalDest, c: &Counters) -> anyhow::Result<Copied> {
+        let shown = dest.shown.display();
+        let (dir, name) = dest.open_parent()?;
+        let part = Part::open(dir, name).with_context(|| format!("cannot write {shown}"))?;
+        rustix::fs::flock(&part.file, FlockOperation::NonBlockingLockExclusive)
+            .map_err(|_| anyhow!("{shown}: another copy to this file is in progress"))?;
+        let file = &part.file;
         let have = file.metadata()?.len();
         let mut hasher = Hasher::new();
         let mut have_hash = transfer::digest(&hasher);
         if have > 0 {
             let scratch = AtomicU64::new(0);
-            match transfer::hash_prefix(&file, have, &scratch)? {
+            match transfer::hash_prefix(file, have, &scratch)? {
                 Some(h) => {
                     have_hash = transfer::digest(&h);
                     hasher = h;
@@ -155,15 +208,12 @@ impl Conn {
         }
         file.set_len(start)?;
         c.resumed.fetch_add(start, Ordering::Relaxed);
-        match receive_file(&mut self.input, &file, start, size, hasher, &c.moved) {
+        match receive_file(&mut self.input, file, start, size, hasher, &c.moved) {
             Ok(hash) => {
-                let perms = 0o644 | (mode & 0o111);
-                let _ = file.set_permissions(std::fs::Permissions::from_mode(perms));
-                std::fs::rename(&part, dest).with_context(|| {
-                    format!("cannot rename {} to {}", part.display(), dest.display())
-                })?;
+                part.finish(mode)
+                    .with_context(|| format!("cannot put the copy at {shown}"))?;
                 Ok(Copied {
-                    path: dest.display().to_string(),
+                    path: shown.to_string(),
                     size,
                     from: start,
                     blake3: transfer::hex(&hash),
@@ -172,7 +222,7 @@ impl Conn {
             Err(TransferError::Stream(e)) => Err(lost(e)),
             Err(e) => {
                 // Nothing unverified stays, under any name.
-                let _ = std::fs::remove_file(&part);
+                part.remove();
                 Err(anyhow!("{e}"))
             }
         }
@@ -187,9 +237,18 @@ impl Conn {
         into: &[u8],
         c: &Counters,
     ) -> anyhow::Result<Copied> {
-        let file = File::open(src).with_context(|| format!("cannot open {}", src.display()))?;
+        // O_NONBLOCK: a FIFO swapped in since the plan cannot block us.
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags((OFlags::NONBLOCK | OFlags::NOCTTY).bits() as i32)
+            .open(src)
+            .with_context(|| format!("cannot open {}", src.display()))?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            bail!("{}: not a regular file", src.display());
+        }
         let version = Version::of(&file)?;
-        let mode = file.metadata()?.permissions().mode();
+        let mode = meta.permissions().mode();
         self.request(&Request::Put {
             path: dest.to_vec(),
             size: version.size,
@@ -246,34 +305,6 @@ impl Conn {
             blake3: transfer::hex(&hash),
         })
     }
-}
-
-fn part_path(dest: &Path) -> anyhow::Result<PathBuf> {
-    let name = dest
-        .file_name()
-        .ok_or_else(|| anyhow!("{}: not a file name", dest.display()))?;
-    let part = OsStr::from_bytes(&part_name(name.as_bytes())).to_owned();
-    Ok(dest.with_file_name(part))
-}
-
-/// Opens (or makes) a partial file, locked so two copies cannot mix.
-fn open_part(part: &Path) -> anyhow::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(part)
-        .with_context(|| format!("cannot write {}", part.display()))?;
-    rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive).map_err(|_| {
-        anyhow!(
-            "{}: another copy to this file is in progress",
-            part.display()
-        )
-    })?;
-    Ok(file)
 }
 
 fn is_timeout(e: &std::io::Error) -> bool {

@@ -5,11 +5,13 @@ use std::collections::VecDeque;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context};
 
 use crate::client::{Conn, Copied, Counters, Remote};
+use crate::local::{self, LocalDest};
+use crate::part::PART_DIR;
 use crate::root::RelPath;
 use crate::wire::Kind;
 
@@ -55,7 +57,7 @@ pub enum Task {
     },
     Get {
         src: Vec<u8>,
-        dest: PathBuf,
+        dest: LocalDest,
         size: u64,
     },
 }
@@ -165,6 +167,10 @@ fn walk_local(
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
         let path = e.path();
+        // A download's partial copies, left by one interrupted here.
+        if e.file_name() == PART_DIR {
+            continue;
+        }
         let target = join(remote, e.file_name().as_bytes());
         let ft = e.file_type()?;
         if ft.is_dir() {
@@ -184,7 +190,9 @@ fn walk_local(
     Ok(())
 }
 
-/// Plans a download: makes the local folders on the way, returns the files.
+/// Plans a download: makes the local folders on the way (beneath the
+/// destination, through no symbolic link: [`crate::local`]), returns the
+/// files, in the order of their paths.
 pub fn plan_download(
     conn: &mut Conn,
     sources: &[String],
@@ -198,6 +206,25 @@ pub fn plan_download(
             dest.display()
         );
     }
+    // The folder the copy goes in, as the user named it; everything is
+    // made and written beneath it.
+    let (base, named) = match into {
+        true => (local::open_named(dest)?, None),
+        false => {
+            let name = dest
+                .file_name()
+                .ok_or_else(|| anyhow!("{}: not a file or folder name", dest.display()))?;
+            (
+                local::open_named(local::parent(dest))?,
+                Some(name.as_bytes().to_vec()),
+            )
+        }
+    };
+    let base = Arc::new(base);
+    let shown_base = match into {
+        true => dest.to_path_buf(),
+        false => local::parent(dest).to_path_buf(),
+    };
     let mut tasks = vec![];
     for src in sources {
         let src_rel = rel(src)?;
@@ -206,38 +233,46 @@ pub fn plan_download(
         if name.is_empty() {
             bail!("{src}: name a file or folder inside the served folder");
         }
-        let target = match into {
-            true => dest.join(OsStr::from_bytes(name)),
-            false => dest.to_path_buf(),
+        let top = named.clone().unwrap_or_else(|| name.to_vec());
+        let shown = |comps: &[Vec<u8>]| -> PathBuf {
+            let mut p = shown_base.clone();
+            p.extend(comps.iter().map(|c| OsStr::from_bytes(c)));
+            p
         };
         match kind {
             Kind::Missing => bail!("{src}: no such file or folder on the server"),
             Kind::File => tasks.push(Task::Get {
                 src: src_rel,
-                dest: target,
+                dest: LocalDest::new(base.clone(), vec![top.clone()], shown(&[top])),
                 size,
             }),
             Kind::Dir => {
                 if !recursive {
                     bail!("{src} is a folder: add -r to copy folders");
                 }
-                std::fs::create_dir_all(&target)
-                    .with_context(|| format!("cannot make {}", target.display()))?;
-                for e in conn.list(&src_rel)? {
-                    let local = target.join(OsStr::from_bytes(&e.path));
+                let top = vec![top];
+                local::open_beneath(&base, &top, true, &shown_base)?;
+                conn.list_each(&src_rel, |e, rel| {
+                    let comps = [&top[..], rel.components()].concat();
                     match e.kind {
-                        Kind::Dir => std::fs::create_dir_all(&local)
-                            .with_context(|| format!("cannot make {}", local.display()))?,
+                        Kind::Dir => drop(local::open_beneath(&base, &comps, true, &shown_base)?),
                         _ => tasks.push(Task::Get {
                             src: join(&src_rel, &e.path),
-                            dest: local,
+                            dest: LocalDest::new(base.clone(), comps.clone(), shown(&comps)),
                             size: e.size,
                         }),
                     }
-                }
+                    Ok(())
+                })
+                .map_err(|e| anyhow!("{src}: {e:#}"))?;
             }
         }
     }
+    // Listings come in the server's folder order: copy in the paths' order.
+    tasks.sort_by(|a, b| match (a, b) {
+        (Task::Get { dest: a, .. }, Task::Get { dest: b, .. }) => a.shown.cmp(&b.shown),
+        _ => std::cmp::Ordering::Equal,
+    });
     Ok(tasks)
 }
 

@@ -12,13 +12,10 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
-use crate::wire::{Entry, Kind, MAX_LIST_ENTRIES};
+use crate::part::PART_DIR;
+use crate::wire::Kind;
 
-/// Suffix of the temporary file a copy is written to until it is verified
-/// (`.NAME.longhaul-part`, beside the final name); kept when a copy is
-/// interrupted, so that the same command resumes it.
-pub const PART_SUFFIX: &str = ".longhaul-part";
-/// Deepest folder nesting a listing follows.
+/// Deepest folder nesting a listing or a sweep follows.
 pub const MAX_DEPTH: usize = 64;
 
 /// Why a request was refused.
@@ -32,6 +29,8 @@ pub enum Refusal {
     Nul,
     #[error("the path leads out of the served folder")]
     Escapes,
+    #[error("'.longhaul-partial' is refused in paths (it holds partial copies)")]
+    Reserved,
     #[error("read-only access: writing is not allowed for this client")]
     ReadOnly,
     #[error("{0}")]
@@ -44,7 +43,7 @@ impl Refusal {
     pub fn is_hostile(&self) -> bool {
         !matches!(self, Refusal::Other(_))
     }
-    fn io(what: &str, e: Errno) -> Refusal {
+    pub(crate) fn io(what: &str, e: Errno) -> Refusal {
         match e {
             Errno::XDEV => Refusal::Escapes,
             e => Refusal::Other(format!("{what}: {}", std::io::Error::from(e))),
@@ -69,6 +68,7 @@ impl RelPath {
             match c {
                 b"" | b"." => {}
                 b".." => return Err(Refusal::DotDot),
+                c if c == PART_DIR.as_bytes() => return Err(Refusal::Reserved),
                 c => parts.push(c.to_vec()),
             }
         }
@@ -88,7 +88,7 @@ impl RelPath {
         &self.0
     }
 
-    fn as_path(&self) -> PathBuf {
+    pub(crate) fn as_path(&self) -> PathBuf {
         if self.0.is_empty() {
             return PathBuf::from(".");
         }
@@ -141,7 +141,7 @@ impl Root {
         })
     }
 
-    fn open_at(&self, rel: &RelPath, flags: OFlags) -> Result<OwnedFd, Errno> {
+    pub(crate) fn open_at(&self, rel: &RelPath, flags: OFlags) -> Result<OwnedFd, Errno> {
         rustix::fs::openat2(
             &self.dir,
             rel.as_path(),
@@ -167,14 +167,26 @@ impl Root {
         }
     }
 
-    /// Opens a regular file for reading.
+    /// Opens a regular file for reading. Anything else — a FIFO, a device,
+    /// a socket — is refused without being opened for reading (whose
+    /// `open` could block for good, or act on a device): it is looked at
+    /// through an `O_PATH` descriptor first, and opened `O_NONBLOCK` in
+    /// case it was swapped meanwhile, then checked again.
     pub fn open_file(&self, rel: &RelPath) -> Result<File, Refusal> {
+        let not_regular = || Refusal::Other("not a regular file: refused".into());
+        let probe = self
+            .open_at(rel, OFlags::PATH)
+            .map_err(|e| Refusal::io("open", e))?;
+        let st = rustix::fs::fstat(&probe).map_err(|e| Refusal::io("stat", e))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(not_regular());
+        }
         let fd = self
-            .open_at(rel, OFlags::RDONLY)
+            .open_at(rel, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)
             .map_err(|e| Refusal::io("open", e))?;
         let st = rustix::fs::fstat(&fd).map_err(|e| Refusal::io("stat", e))?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-            return Err(Refusal::Other("not a regular file".into()));
+            return Err(not_regular());
         }
         Ok(File::from(fd))
     }
@@ -212,94 +224,18 @@ impl Root {
             .ok_or_else(|| Refusal::Other("a file name is needed".into()))?;
         Ok((self.open_dir(&parent, create)?, name))
     }
-
-    /// Every file and folder under `rel` (folder first, then what it holds),
-    /// paths relative to `rel`. Symbolic links and special files are left
-    /// out, and so are partial copies.
-    pub fn list(&self, rel: &RelPath) -> Result<Vec<Entry>, Refusal> {
-        let dir = self
-            .open_at(rel, OFlags::DIRECTORY | OFlags::RDONLY)
-            .map_err(|e| Refusal::io("open folder", e))?;
-        let mut out = vec![];
-        list_into(dir, &mut Vec::new(), 0, &mut out)?;
-        Ok(out)
-    }
-}
-
-fn list_into(
-    dir: OwnedFd,
-    prefix: &mut Vec<u8>,
-    depth: usize,
-    out: &mut Vec<Entry>,
-) -> Result<(), Refusal> {
-    if depth > MAX_DEPTH {
-        return Err(Refusal::Other(format!(
-            "folders nested deeper than {MAX_DEPTH}"
-        )));
-    }
-    let mut names = vec![];
-    for e in rustix::fs::Dir::read_from(&dir).map_err(|e| Refusal::io("read folder", e))? {
-        let e = e.map_err(|e| Refusal::io("read folder", e))?;
-        let name = e.file_name().to_bytes();
-        if name == b"." || name == b".." || is_part_name(name) {
-            continue;
-        }
-        names.push(name.to_vec());
-    }
-    names.sort();
-    for name in names {
-        if out.len() >= MAX_LIST_ENTRIES as usize {
-            return Err(Refusal::Other(format!(
-                "more than {MAX_LIST_ENTRIES} entries: copy its folders one by one"
-            )));
-        }
-        let st = match rustix::fs::statat(&dir, OsStr::from_bytes(&name), AtFlags::SYMLINK_NOFOLLOW)
-        {
-            Ok(st) => st,
-            Err(Errno::NOENT) => continue,
-            Err(e) => return Err(Refusal::io("stat", e)),
-        };
-        let len = prefix.len();
-        if !prefix.is_empty() {
-            prefix.push(b'/');
-        }
-        prefix.extend_from_slice(&name);
-        match FileType::from_raw_mode(st.st_mode) {
-            FileType::RegularFile => out.push(Entry {
-                kind: Kind::File,
-                size: st.st_size as u64,
-                path: prefix.clone(),
-            }),
-            FileType::Directory => {
-                out.push(Entry {
-                    kind: Kind::Dir,
-                    size: 0,
-                    path: prefix.clone(),
-                });
-                let sub = rustix::fs::openat(
-                    &dir,
-                    OsStr::from_bytes(&name),
-                    OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(|e| Refusal::io("open folder", e))?;
-                list_into(sub, prefix, depth + 1, out)?;
-            }
-            _ => {}
-        }
-        prefix.truncate(len);
-    }
-    Ok(())
 }
 
 /// Entries a sweep for stale partial uploads looks at, at most.
 const MAX_SWEEP: usize = 1_000_000;
 
 impl Root {
-    /// Removes the partial uploads (`.NAME.longhaul-part`) under the folder
-    /// that nothing has written for `max_age` and no upload holds (they
-    /// are locked while one runs); returns how many. Looks at no more than
-    /// [`MAX_SWEEP`] entries; never follows a symbolic link.
+    /// Removes the partial uploads (in `.longhaul-partial` folders) under
+    /// the folder that nothing has written for `max_age` and no upload
+    /// holds (they are locked while one runs); returns how many. Looks at
+    /// no more than [`MAX_SWEEP`] entries, [`MAX_DEPTH`] folders deep,
+    /// holding one descriptor and one read buffer per level; never follows
+    /// a symbolic link, never opens anything but folders and regular files.
     pub fn sweep_parts(&self, max_age: std::time::Duration) -> usize {
         let Ok(dir) = rustix::fs::openat(
             &self.dir,
@@ -318,70 +254,92 @@ impl Root {
     }
 }
 
+fn open_subdir(dir: &OwnedFd, name: &OsStr) -> Option<OwnedFd> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()
+}
+
 fn sweep_into(dir: OwnedFd, depth: usize, oldest: i64, budget: &mut usize) -> usize {
     let Ok(entries) = rustix::fs::Dir::read_from(&dir) else {
         return 0;
     };
-    let (mut subdirs, mut removed) = (vec![], 0);
+    let mut removed = 0;
     for e in entries {
         let Ok(e) = e else { break };
         if *budget == 0 {
             break;
         }
         *budget -= 1;
-        let name = OsStr::from_bytes(e.file_name().to_bytes()).to_owned();
+        let name = OsStr::from_bytes(e.file_name().to_bytes());
         if name == "." || name == ".." {
             continue;
         }
-        let Ok(st) = rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) else {
+        let Ok(st) = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
             continue;
         };
-        match FileType::from_raw_mode(st.st_mode) {
-            FileType::Directory if depth < MAX_DEPTH => subdirs.push(name),
-            FileType::RegularFile if is_part_name(name.as_bytes()) && st.st_mtime < oldest => {
-                let Ok(f) = rustix::fs::openat(
-                    &dir,
-                    &name,
-                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                ) else {
-                    continue;
-                };
-                // Held by an upload that is running: not stale.
-                if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-                    .is_ok()
-                    && rustix::fs::unlinkat(&dir, &name, AtFlags::empty()).is_ok()
-                {
-                    removed += 1;
-                }
-            }
-            _ => {}
+        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+            continue;
         }
-    }
-    for name in subdirs {
-        if let Ok(sub) = rustix::fs::openat(
-            &dir,
-            &name,
-            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) {
+        let Some(sub) = open_subdir(&dir, name) else {
+            continue;
+        };
+        if name == PART_DIR {
+            removed += sweep_state(&sub, oldest, budget);
+            // Empty now: gone (a copy starting meanwhile makes it again).
+            let _ = rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR);
+        } else if depth < MAX_DEPTH {
             removed += sweep_into(sub, depth + 1, oldest, budget);
         }
     }
     removed
 }
 
-/// Whether a name is a partial copy's (`.NAME.longhaul-part`).
-pub fn is_part_name(name: &[u8]) -> bool {
-    name.starts_with(b".") && name.ends_with(PART_SUFFIX.as_bytes())
-}
-
-/// The partial copy's name for a file name.
-pub fn part_name(name: &[u8]) -> Vec<u8> {
-    let mut v = b".".to_vec();
-    v.extend_from_slice(name);
-    v.extend_from_slice(PART_SUFFIX.as_bytes());
-    v
+/// Removes the stale partial files of one state folder of ours.
+fn sweep_state(state: &OwnedFd, oldest: i64, budget: &mut usize) -> usize {
+    match rustix::fs::fstat(state) {
+        Ok(st) if st.st_uid == rustix::process::geteuid().as_raw() => {}
+        // Not ours: uploads refuse it too; whoever made it tends it.
+        _ => return 0,
+    }
+    let Ok(entries) = rustix::fs::Dir::read_from(state) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries {
+        let Ok(e) = e else { break };
+        if *budget == 0 {
+            break;
+        }
+        *budget -= 1;
+        let name = OsStr::from_bytes(e.file_name().to_bytes());
+        let Ok(st) = rustix::fs::statat(state, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_mtime >= oldest {
+            continue;
+        }
+        // O_NONBLOCK: swapped for a FIFO meanwhile, it cannot block the sweep.
+        let Ok(f) = rustix::fs::openat(
+            state,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            continue;
+        };
+        // Held by an upload that is running: not stale.
+        if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
+            && rustix::fs::unlinkat(state, name, AtFlags::empty()).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 #[cfg(test)]
@@ -418,36 +376,47 @@ mod tests {
             }
             f
         };
-        make(root.join(".a.longhaul-part"), true);
-        make(root.join("sub/.b.longhaul-part"), true);
-        make(root.join(".fresh.longhaul-part"), false);
+        for d in ["", "sub/"] {
+            std::fs::create_dir_all(root.join(d).join(PART_DIR)).unwrap();
+        }
+        std::fs::create_dir_all(outside.join(PART_DIR)).unwrap();
+        let part = |name: &str| root.join(PART_DIR).join(name);
+        make(part("a"), true);
+        make(root.join("sub").join(PART_DIR).join("b"), true);
+        make(part("fresh"), false);
         make(root.join("old-but-whole.iso"), true);
-        let held = make(root.join(".held.longhaul-part"), true);
+        // A user's own file named like an earlier version's partial copy.
+        make(root.join(".mine.longhaul-part"), true);
+        let held = make(part("held"), true);
         rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).unwrap();
-        make(outside.join(".c.longhaul-part"), true);
+        make(outside.join(PART_DIR).join("c"), true);
         std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
 
         let r = Root::open(&root).unwrap();
         assert_eq!(r.sweep_parts(Duration::from_secs(7 * 86_400)), 2);
-        assert!(!root.join(".a.longhaul-part").exists());
-        assert!(!root.join("sub/.b.longhaul-part").exists());
-        for kept in [
-            ".fresh.longhaul-part",
-            "old-but-whole.iso",
-            ".held.longhaul-part",
-        ] {
+        assert!(!part("a").exists());
+        assert!(
+            !root.join("sub").join(PART_DIR).exists(),
+            "emptied, removed"
+        );
+        for kept in [part("fresh"), part("held")] {
+            assert!(kept.exists(), "{} removed", kept.display());
+        }
+        for kept in ["old-but-whole.iso", ".mine.longhaul-part"] {
             assert!(root.join(kept).exists(), "{kept} removed");
         }
-        assert!(outside.join(".c.longhaul-part").exists(), "followed a link");
+        assert!(outside.join(PART_DIR).join("c").exists(), "followed a link");
         drop(held);
         assert_eq!(r.sweep_parts(Duration::from_secs(7 * 86_400)), 1);
         std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]
-    fn part_names() {
-        assert_eq!(part_name(b"f.iso"), b".f.iso.longhaul-part");
-        assert!(is_part_name(&part_name(b"x")));
-        assert!(!is_part_name(b"x.longhaul-part"));
+    fn the_state_folder_is_refused_in_paths() {
+        assert!(matches!(
+            RelPath::parse(b"a/.longhaul-partial/x"),
+            Err(Refusal::Reserved)
+        ));
+        assert!(RelPath::parse(b"a/.x.longhaul-part").is_ok());
     }
 }

@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -13,11 +12,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use longhaul_session::{LocalStream, ServicePipe};
-use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
+use rustix::fs::{AtFlags, FlockOperation, OFlags};
 
 use blake3::Hasher;
 
-use crate::root::{part_name, Refusal, RelPath, Root};
+use crate::part::Part;
+use crate::root::{Refusal, RelPath, Root};
 use crate::transfer::{self, receive_file, send_file, TransferError, Version};
 use crate::wire::{self, Kind, Request};
 use crate::Access;
@@ -163,14 +163,17 @@ impl FileServer {
                 c.send(&b)
             }
             Request::List { .. } => {
-                let entries = self.root.list(&rel)?;
-                let mut b = vec![0];
-                b.extend_from_slice(&(entries.len() as u32).to_be_bytes());
-                for e in &entries {
-                    wire::write_entry(&mut b, e);
-                }
-                c.send(&b)
+                let base = self
+                    .root
+                    .open_at(&rel, OFlags::DIRECTORY | OFlags::RDONLY)
+                    .map_err(|e| Refusal::io("open folder", e))?;
+                crate::list::stream(base, &mut c.out).map_err(|e| Failure::Ended(e.to_string()))
             }
+            Request::ListCounted { .. } => Err(Refusal::Other(
+                "this server sends listings as a stream: use a longhaul cp of the same version"
+                    .into(),
+            )
+            .into()),
             Request::Mkdir { .. } => {
                 access.check_write()?;
                 self.root.open_dir(&rel, true)?;
@@ -247,25 +250,23 @@ impl FileServer {
                 return Err(Refusal::Other("a folder of that name exists".into()).into());
             }
         }
-        let part = part_name(name);
-        let fd = rustix::fs::openat(
-            &dir,
-            OsStr::from_bytes(&part),
-            OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )
-        .map_err(|e| other(e.into()))?;
+        let part = Part::open(dir, name).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                tracing::warn!(%peer, path = %show(rel), "partial upload refused: {e}");
+            }
+            other(e)
+        })?;
         let path = show(rel);
-        self.lock_part(&fd, &path, peer)?;
+        self.lock_part(&part.file, &path, peer)?;
         let _writer = self.register(&path, &c.out);
-        let file = File::from(fd);
+        let file = &part.file;
         let mut have = file.metadata().map_err(other)?.len();
         let none = AtomicU64::new(0);
         let mut hasher = Hasher::new();
         if have > size {
             have = 0;
         } else if have > 0 {
-            match transfer::hash_prefix(&file, have, &none).map_err(other)? {
+            match transfer::hash_prefix(file, have, &none).map_err(other)? {
                 Some(h) => hasher = h,
                 None => have = 0,
             }
@@ -282,17 +283,9 @@ impl FileServer {
             hasher = Hasher::new();
         }
         file.set_len(start).map_err(other)?;
-        let remove = || {
-            let _ = rustix::fs::unlinkat(&dir, OsStr::from_bytes(&part), AtFlags::empty());
-        };
-        match receive_file(&mut c.input, &file, start, size, hasher, &none) {
+        match receive_file(&mut c.input, file, start, size, hasher, &none) {
             Ok(_) => {
-                let perms = 0o644 | (mode & 0o111);
-                let _ = rustix::fs::fchmod(&file, Mode::from_raw_mode(perms));
-                finish(&dir, &part, name).map_err(|e| {
-                    remove();
-                    other(e.into())
-                })?;
+                part.finish(mode).map_err(other)?;
                 tracing::info!(%peer, path = %show(rel), bytes = size - start, from = start, "file received");
                 c.send(&[0])
             }
@@ -301,13 +294,13 @@ impl FileServer {
             // Disk full or failing, half-way: say so while the client is
             // still sending, and nothing of it stays.
             Err(TransferError::Write(msg)) => {
-                remove();
+                part.remove();
                 Err(Failure::Abandon(msg))
             }
             Err(e) => {
                 // Disk full, mismatch, or the sender's file changed: nothing
                 // of it stays.
-                remove();
+                part.remove();
                 Err(Refusal::Other(e.to_string()).into())
             }
         }
@@ -316,7 +309,7 @@ impl FileServer {
 
 impl FileServer {
     /// Locks an upload's partial file, ending an earlier upload of it.
-    fn lock_part(&self, fd: &OwnedFd, path: &str, peer: &str) -> Result<(), Refusal> {
+    fn lock_part(&self, fd: &File, path: &str, peer: &str) -> Result<(), Refusal> {
         let try_lock = || rustix::fs::flock(fd, FlockOperation::NonBlockingLockExclusive).is_ok();
         if try_lock() {
             return Ok(());
@@ -370,10 +363,6 @@ impl Drop for Registered<'_> {
 
 /// How long a new upload waits for an earlier one of the same file to end.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
-
-fn finish(dir: &OwnedFd, part: &[u8], name: &[u8]) -> rustix::io::Result<()> {
-    rustix::fs::renameat(dir, OsStr::from_bytes(part), dir, OsStr::from_bytes(name))
-}
 
 fn mode_of(f: &File) -> u32 {
     use std::os::unix::fs::PermissionsExt;

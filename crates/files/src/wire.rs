@@ -7,6 +7,13 @@
 //! in blocks (`u32` length, at most [`MAX_BLOCK`]; 0 ends them) followed by
 //! a trailer (0 and the BLAKE3 hash of the whole file, or 1 and an error), so a
 //! sender that fails half-way can still say why. Integers are big-endian.
+//!
+//! A listing is a stream too: after the ok status, items one after another
+//! (an entry, the end, or an error), so neither side holds a whole tree to
+//! send it. The first listing format (operation 4: a count, then every
+//! entry) made the server build the whole list first; a server now refuses
+//! it with a message, and an older server ends a stream that asks for the
+//! new one (operation 6).
 
 use std::io::{self, Read, Write};
 
@@ -20,6 +27,9 @@ pub const MAX_BLOCK: usize = 1 << 20;
 /// Most entries one listing may have (a tree larger than this is copied
 /// in parts).
 pub const MAX_LIST_ENTRIES: u32 = 200_000;
+/// Most bytes of paths one listing may carry: what a client holds for the
+/// copy it plans (the server holds none of it).
+pub const MAX_LIST_BYTES: u64 = 32 << 20;
 
 pub type Hash = [u8; 32];
 
@@ -43,8 +53,10 @@ pub enum Request {
         mode: u32,
         into: Vec<u8>,
     },
-    /// Every file and folder under the path.
+    /// Every file and folder under the path, as a stream of [`ListItem`]s.
     List { path: Vec<u8> },
+    /// The first listing format (a count first): refused.
+    ListCounted { path: Vec<u8> },
     /// Makes a folder (and its parents).
     Mkdir { path: Vec<u8> },
 }
@@ -54,6 +66,7 @@ const OP_GET: u8 = 2;
 const OP_PUT: u8 = 3;
 const OP_LIST: u8 = 4;
 const OP_MKDIR: u8 = 5;
+const OP_LIST_STREAM: u8 = 6;
 
 impl Request {
     pub fn path(&self) -> &[u8] {
@@ -62,6 +75,7 @@ impl Request {
             | Request::Get { path, .. }
             | Request::Put { path, .. }
             | Request::List { path }
+            | Request::ListCounted { path }
             | Request::Mkdir { path } => path,
         }
     }
@@ -72,7 +86,8 @@ impl Request {
             Request::Stat { .. } => OP_STAT,
             Request::Get { .. } => OP_GET,
             Request::Put { .. } => OP_PUT,
-            Request::List { .. } => OP_LIST,
+            Request::List { .. } => OP_LIST_STREAM,
+            Request::ListCounted { .. } => OP_LIST,
             Request::Mkdir { .. } => OP_MKDIR,
         };
         b.push(op);
@@ -121,7 +136,8 @@ impl Request {
                 mode: read_u32(r)?,
                 into: read_bytes(r, MAX_PATH)?,
             },
-            OP_LIST => Request::List { path },
+            OP_LIST_STREAM => Request::List { path },
+            OP_LIST => Request::ListCounted { path },
             OP_MKDIR => Request::Mkdir { path },
             _ => return Err(WireError::Bad("unknown operation")),
         }))
@@ -207,6 +223,45 @@ pub fn read_entry(r: &mut impl Read) -> Result<Entry, WireError> {
     })
 }
 
+/// One item of a streamed listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListItem {
+    Entry(Entry),
+    /// The listing is complete.
+    End,
+    /// The listing stopped here, for this reason (nothing after it).
+    Failed(String),
+}
+
+const ITEM_END: u8 = 0;
+const ITEM_ENTRY: u8 = 1;
+const ITEM_FAILED: u8 = 2;
+
+pub fn write_item(b: &mut Vec<u8>, item: &ListItem) {
+    match item {
+        ListItem::Entry(e) => {
+            b.push(ITEM_ENTRY);
+            write_entry(b, e);
+        }
+        ListItem::End => b.push(ITEM_END),
+        ListItem::Failed(msg) => {
+            b.push(ITEM_FAILED);
+            put_bytes(b, truncate(msg.as_bytes(), MAX_MESSAGE));
+        }
+    }
+}
+
+pub fn read_item(r: &mut impl Read) -> Result<ListItem, WireError> {
+    Ok(match read_u8(r)? {
+        ITEM_END => ListItem::End,
+        ITEM_ENTRY => ListItem::Entry(read_entry(r)?),
+        ITEM_FAILED => {
+            ListItem::Failed(String::from_utf8_lossy(&read_bytes(r, MAX_MESSAGE)?).into_owned())
+        }
+        _ => return Err(WireError::Bad("unknown listing item")),
+    })
+}
+
 fn truncate(b: &[u8], max: usize) -> &[u8] {
     &b[..b.len().min(max)]
 }
@@ -281,6 +336,9 @@ mod tests {
                 into: b"f.iso".to_vec(),
             },
             Request::List { path: vec![] },
+            Request::ListCounted {
+                path: b"x".to_vec(),
+            },
             Request::Mkdir {
                 path: b"d".to_vec(),
             },
@@ -308,6 +366,20 @@ mod tests {
         let mut b = vec![];
         write_entry(&mut b, &e);
         assert_eq!(read_entry(&mut &b[..]).unwrap(), e);
+        let items = [
+            ListItem::Entry(e),
+            ListItem::Failed("too deep".into()),
+            ListItem::End,
+        ];
+        let mut b = vec![];
+        for i in &items {
+            write_item(&mut b, i);
+        }
+        let mut r = &b[..];
+        for i in items {
+            assert_eq!(read_item(&mut r).unwrap(), i);
+        }
+        assert!(r.is_empty());
     }
 
     proptest! {
@@ -317,6 +389,7 @@ mod tests {
             let _ = Request::read(&mut &b[..]);
             let _ = read_status(&mut &b[..]);
             let _ = read_entry(&mut &b[..]);
+            let _ = read_item(&mut &b[..]);
         }
 
         #[test]

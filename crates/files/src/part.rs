@@ -1,0 +1,311 @@
+//! Partial copies: where a file is written until its hash is verified, on
+//! both sides (the server's uploads, the client's downloads).
+//!
+//! They live in a folder of their own beside the final name,
+//! `.longhaul-partial/NAME`. The file service refuses that name in every
+//! path and leaves it out of listings, so a user's own file is never taken
+//! for a partial copy (hidden, swept, truncated), and no client can reach
+//! one. The folder must be ours (made mode 0700; one owned by another user
+//! is refused), and a partial file must be a regular file with a single
+//! link, owned by us: a hard link, a FIFO or a device placed there is
+//! refused, never written through or waited on.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::OnceLock;
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+/// The folder, beside the final names, that holds their partial copies.
+pub const PART_DIR: &str = ".longhaul-partial";
+
+/// A partial copy, open for writing, and where it goes when verified.
+#[derive(Debug)]
+pub struct Part {
+    /// The folder of the final name.
+    dir: OwnedFd,
+    /// `dir/.longhaul-partial`.
+    state: OwnedFd,
+    name: Vec<u8>,
+    pub file: File,
+}
+
+fn refused(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::PermissionDenied, msg)
+}
+
+fn show(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+impl Part {
+    /// Opens (or makes) the partial copy of `name` in the folder `dir`. It
+    /// is not locked: callers lock it (`flock`) as they need.
+    pub fn open(dir: OwnedFd, name: &[u8]) -> io::Result<Part> {
+        // A copy that finishes removes the state folder when it is empty:
+        // one that opened it just before finds it gone, and makes it again.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let state = open_state(&dir)?;
+            match open_file(&state, name) {
+                Err(e) if e.raw_os_error() == Some(Errno::NOENT.raw_os_error()) && tries < 5 => {
+                    continue
+                }
+                Err(e) => return Err(e),
+                Ok(file) => {
+                    return Ok(Part {
+                        dir,
+                        state,
+                        name: name.to_vec(),
+                        file,
+                    })
+                }
+            }
+        }
+    }
+
+    /// The folder the final name is in.
+    pub fn dir(&self) -> &OwnedFd {
+        &self.dir
+    }
+
+    /// Gives the verified copy its permissions (`mode`: the source's) and
+    /// its final name; if that fails, nothing of it stays.
+    pub fn finish(self, mode: u32) -> io::Result<()> {
+        let placed = self.place(mode);
+        if placed.is_err() {
+            let _ =
+                rustix::fs::unlinkat(&self.state, OsStr::from_bytes(&self.name), AtFlags::empty());
+        }
+        self.tidy();
+        placed
+    }
+
+    fn place(&self, mode: u32) -> io::Result<()> {
+        let name = OsStr::from_bytes(&self.name);
+        let existing = match rustix::fs::statat(&self.dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
+                Some(st.st_mode)
+            }
+            _ => None,
+        };
+        rustix::fs::fchmod(&self.file, Mode::from_raw_mode(final_mode(mode, existing)))?;
+        Ok(rustix::fs::renameat(&self.state, name, &self.dir, name)?)
+    }
+
+    /// Removes the partial copy (its contents are not to be trusted).
+    pub fn remove(self) {
+        let _ = rustix::fs::unlinkat(&self.state, OsStr::from_bytes(&self.name), AtFlags::empty());
+        self.tidy();
+    }
+
+    /// Removes the state folder if nothing else is in it.
+    fn tidy(&self) {
+        let _ = rustix::fs::unlinkat(&self.dir, PART_DIR, AtFlags::REMOVEDIR);
+    }
+}
+
+/// Opens `dir/.longhaul-partial`, making it if needed; refuses one that is
+/// not a folder of ours.
+fn open_state(dir: &OwnedFd) -> io::Result<OwnedFd> {
+    match rustix::fs::mkdirat(dir, PART_DIR, Mode::from_raw_mode(0o700)) {
+        Ok(()) | Err(Errno::EXIST) => {}
+        Err(e) => return Err(io::Error::other(format!("cannot make {PART_DIR}: {e}"))),
+    }
+    let state = rustix::fs::openat(
+        dir,
+        PART_DIR,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        // Removed meanwhile by a copy that finished: made again.
+        Errno::NOENT => io::Error::from(e),
+        Errno::LOOP | Errno::NOTDIR => refused(format!("{PART_DIR} is not a folder: refused")),
+        e => io::Error::other(format!("cannot open {PART_DIR}: {e}")),
+    })?;
+    let st = rustix::fs::fstat(&state)?;
+    if st.st_uid != rustix::process::geteuid().as_raw() {
+        return Err(refused(format!(
+            "{PART_DIR} belongs to another user (uid {}): refused",
+            st.st_uid
+        )));
+    }
+    // Ours but opened up (by hand): only we may place files in it.
+    if st.st_mode & 0o077 != 0 {
+        rustix::fs::fchmod(&state, Mode::from_raw_mode(0o700))?;
+    }
+    Ok(state)
+}
+
+fn open_file(state: &OwnedFd, name: &[u8]) -> io::Result<File> {
+    // O_NONBLOCK: a FIFO put there answers at once instead of blocking.
+    let fd = rustix::fs::openat(
+        state,
+        OsStr::from_bytes(name),
+        OFlags::RDWR
+            | OFlags::CREATE
+            | OFlags::NOFOLLOW
+            | OFlags::NONBLOCK
+            | OFlags::NOCTTY
+            | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )
+    .map_err(|e| match e {
+        Errno::LOOP => refused(format!(
+            "{PART_DIR}/{} is a symbolic link: refused",
+            show(name)
+        )),
+        e => io::Error::from(e),
+    })?;
+    let st = rustix::fs::fstat(&fd)?;
+    let what = format!("{PART_DIR}/{}", show(name));
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(refused(format!("{what} is not a regular file: refused")));
+    }
+    if st.st_nlink != 1 {
+        return Err(refused(format!(
+            "{what} has {} links (a hard link placed there): refused",
+            st.st_nlink
+        )));
+    }
+    if st.st_uid != rustix::process::geteuid().as_raw() {
+        return Err(refused(format!("{what} belongs to another user: refused")));
+    }
+    let flags = rustix::fs::fcntl_getfl(&fd)?;
+    rustix::fs::fcntl_setfl(&fd, flags.difference(OFlags::NONBLOCK))?;
+    Ok(File::from(fd))
+}
+
+/// This process's umask, read once (from `/proc/self/status`: setting it to
+/// read it back would race with other threads creating files). If it
+/// cannot be read, 077: permissions are never widened by a guess.
+pub fn umask() -> u32 {
+    static UMASK: OnceLock<u32> = OnceLock::new();
+    *UMASK.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                let l = s.lines().find(|l| l.starts_with("Umask:"))?;
+                u32::from_str_radix(l.split_whitespace().nth(1)?, 8).ok()
+            })
+            .unwrap_or(0o077)
+    })
+}
+
+/// The permissions a received file gets: the source's read, write and
+/// execute bits (never set-id or sticky) less this process's umask, as scp
+/// does — and no more than an existing file of that name had, so a copy
+/// never widens access to what it replaces.
+pub fn final_mode(source: u32, existing: Option<u32>) -> u32 {
+    let mode = source & 0o777 & !umask();
+    match existing {
+        Some(e) => mode & e,
+        None => mode,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::path::Path;
+
+    fn open_dir(p: &Path) -> OwnedFd {
+        rustix::fs::open(p, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap()
+    }
+
+    fn tmp(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("lh-part-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_partial_copy_is_made_finished_and_tidied() {
+        let d = tmp("finish");
+        let mut p = Part::open(open_dir(&d), b"f.txt").unwrap();
+        std::io::Write::write_all(&mut p.file, b"hello").unwrap();
+        let meta = std::fs::metadata(d.join(PART_DIR)).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o700);
+        assert!(d.join(PART_DIR).join("f.txt").exists());
+        p.finish(0o100600).unwrap();
+        assert_eq!(std::fs::read(d.join("f.txt")).unwrap(), b"hello");
+        let mode = std::fs::metadata(d.join("f.txt"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(!d.join(PART_DIR).exists(), "an empty state folder stays");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn hard_links_fifos_and_links_are_refused_not_written_through() {
+        let d = tmp("hostile");
+        let victim = d.join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::fs::create_dir(d.join(PART_DIR)).unwrap();
+        std::fs::hard_link(&victim, d.join(PART_DIR).join("a")).unwrap();
+        let e = Part::open(open_dir(&d), b"a").unwrap_err().to_string();
+        assert!(e.contains("2 links"), "{e}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+
+        std::os::unix::fs::symlink(&victim, d.join(PART_DIR).join("b")).unwrap();
+        let e = Part::open(open_dir(&d), b"b").unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+
+        let fifo = d.join(PART_DIR).join("c");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let e = Part::open(open_dir(&d), b"c").unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+
+        // The state folder itself as a link to elsewhere.
+        let other = tmp("hostile-other");
+        std::fs::remove_dir_all(d.join(PART_DIR)).unwrap();
+        std::os::unix::fs::symlink(&other, d.join(PART_DIR)).unwrap();
+        let e = Part::open(open_dir(&d), b"a").unwrap_err().to_string();
+        assert!(e.contains("not a folder"), "{e}");
+        assert_eq!(std::fs::read_dir(&other).unwrap().count(), 0);
+        std::fs::remove_dir_all(&d).unwrap();
+        std::fs::remove_dir_all(&other).unwrap();
+    }
+
+    #[test]
+    fn a_state_folder_of_another_user_is_refused() {
+        // Only root can give a folder away; elsewhere there is nothing to try.
+        if rustix::process::geteuid().as_raw() != 0 {
+            return;
+        }
+        let d = tmp("owner");
+        std::fs::create_dir(d.join(PART_DIR)).unwrap();
+        std::os::unix::fs::chown(d.join(PART_DIR), Some(54_321), None).unwrap();
+        let e = Part::open(open_dir(&d), b"x").unwrap_err().to_string();
+        assert!(e.contains("another user"), "{e}");
+        assert!(!d.join(PART_DIR).join("x").exists());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn modes_are_kept_masked_and_never_widened() {
+        let u = umask();
+        assert_eq!(final_mode(0o100755, None), 0o755 & !u);
+        assert_eq!(
+            final_mode(0o104755, None) & 0o7000,
+            0,
+            "set-id bits dropped"
+        );
+        assert_eq!(final_mode(0o100600, None), 0o600 & !u);
+        assert_eq!(final_mode(0o100644, Some(0o100600)), 0o600 & !u);
+    }
+}
