@@ -23,6 +23,10 @@ use longhaul_bench::{rr, server as bench_server, tput};
 use longhaul_forward::{Client, Server, ServerConfig};
 
 fn main() -> ExitCode {
+    // Every command holds a descriptor per connection, stream or file: the
+    // soft limit (often 1 024) goes up to the hard one, before anything
+    // starts. A failure leaves the limit as it was.
+    let _ = longhaul_files::raise_nofile_limit();
     let argv = match config::expand(std::env::args_os().collect()) {
         Ok(a) => a,
         Err(e) => {
