@@ -8,6 +8,7 @@ use std::sync::Arc;
 use longhaul_carrier::{accept_with_backoff, bind_listener};
 use longhaul_files::serve::FileServer;
 use longhaul_proto::Reason;
+use longhaul_session::logs::{escaped, shown, Refusals};
 use longhaul_session::{Acceptor, BoxFuture, LocalStream, OpenRefused, SessionHandle};
 use tokio::net::TcpListener;
 
@@ -25,6 +26,9 @@ pub(crate) struct ServerAcceptor {
     files: Option<Arc<FileServer>>,
     metrics: Arc<Metrics>,
     peer: String,
+    /// This session's refusals, throttled in the log (the file service's
+    /// too).
+    refusals: Arc<Refusals>,
 }
 
 impl ServerAcceptor {
@@ -39,6 +43,7 @@ impl ServerAcceptor {
             who: who.into(),
             files: config.files.clone(),
             metrics: config.metrics.clone(),
+            refusals: Arc::new(Refusals::new(peer.clone())),
             peer,
         }
     }
@@ -74,11 +79,13 @@ impl Acceptor for ServerAcceptor {
         if dest == longhaul_files::SERVICE {
             let r = match self.files.clone().zip(grants.files) {
                 Some((server, access)) => server
-                    .accept(access, peer.clone())
+                    .accept(access, self.refusals.clone())
                     .map_err(|e| OpenRefused::new(Reason::GENERAL_FAILURE, e)),
                 None => {
                     self.metrics.refused(Refusal::FilesNotAllowed);
-                    tracing::warn!(%peer, "refused the file service: no --files folder, or no files= access for this client");
+                    if self.refusals.admit() {
+                        tracing::warn!(%peer, "refused the file service: no --files folder, or no files= access for this client");
+                    }
                     Err(OpenRefused::new(
                         Reason::NOT_ALLOWED,
                         "no file access for this client",
@@ -87,17 +94,24 @@ impl Acceptor for ServerAcceptor {
             };
             return Box::pin(async move { r });
         }
+        let refusals = self.refusals.clone();
         Box::pin(async move {
-            let (host, port) = target(&dest)?;
-            let mut sets = vec![&rules];
-            sets.extend(key_rules.as_ref());
-            let addrs = match allowed_addrs(&sets, &host, port).await {
+            let allowed = async {
+                let (host, port) = target(&dest)?;
+                let mut sets = vec![&rules];
+                sets.extend(key_rules.as_ref());
+                allowed_addrs(&sets, &host, port).await
+            };
+            let addrs = match allowed.await {
                 Ok(a) => a,
                 Err(e) => {
                     if e.reason == Reason::NOT_ALLOWED {
                         metrics.refused(Refusal::TargetNotAllowed);
                     }
-                    tracing::warn!(%peer, %dest, "refused: {e}");
+                    if refusals.admit() {
+                        let (dest, why) = (shown(&dest), escaped(&e));
+                        tracing::warn!(%peer, %dest, "refused: {why}");
+                    }
                     return Err(e);
                 }
             };
@@ -119,6 +133,7 @@ impl Acceptor for ServerAcceptor {
         let key_bind_rules = grants.bind;
         let peer = self.peer.clone();
         let metrics = self.metrics.clone();
+        let refusals = self.refusals.clone();
         Box::pin(async move {
             let addr: SocketAddr = match bind.parse() {
                 Ok(a) => a,
@@ -142,7 +157,10 @@ impl Acceptor for ServerAcceptor {
                 .is_none_or(|r| r.allows(addr.ip(), addr.port()));
             if !key_ok || !bind_rules.allows(addr.ip(), addr.port()) {
                 metrics.refused(Refusal::BindNotAllowed);
-                tracing::warn!(%peer, %bind, "refused reverse bind: not allowed (see --allow-bind)");
+                if refusals.admit() {
+                    let bind = shown(&bind);
+                    tracing::warn!(%peer, %bind, "refused reverse bind: not allowed (see --allow-bind)");
+                }
                 return Err(OpenRefused::new(
                     Reason::NOT_ALLOWED,
                     format!("binding {addr} is not allowed"),
@@ -158,7 +176,7 @@ impl Acceptor for ServerAcceptor {
                 .local_addr()
                 .map(|a| a.port())
                 .unwrap_or(addr.port());
-            tracing::info!(%peer, listen = %addr, %dest, "reverse forward open");
+            tracing::info!(%peer, listen = %addr, dest = %shown(&dest), "reverse forward open");
             tokio::spawn(reverse_accept_loop(listener, dest, session));
             Ok(port)
         })
@@ -167,7 +185,7 @@ impl Acceptor for ServerAcceptor {
 
 /// Accepts on a reverse-forward listener until the session ends.
 async fn reverse_accept_loop(listener: TcpListener, dest: String, session: SessionHandle) {
-    let what = format!("reverse forward to {dest}");
+    let what = format!("reverse forward to {}", shown(&dest));
     loop {
         let (sock, from) = tokio::select! {
             a = accept_with_backoff(&listener, &what) => a,
@@ -178,7 +196,10 @@ async fn reverse_accept_loop(listener: TcpListener, dest: String, session: Sessi
         tokio::spawn(async move {
             match session.open(&dest).await {
                 Ok(opened) => opened.attach(sock),
-                Err(e) => tracing::info!(%from, %dest, "reverse stream failed: {e}"),
+                Err(e) => {
+                    let (dest, why) = (shown(&dest), escaped(&e));
+                    tracing::info!(%from, %dest, "reverse stream failed: {why}")
+                }
             }
         });
     }

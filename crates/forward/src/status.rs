@@ -11,6 +11,8 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
+use longhaul_session::logs::shown;
+
 use crate::metrics::Metrics;
 
 /// Where control sockets live: `/run/longhaul` for root, else
@@ -181,7 +183,7 @@ pub fn human(v: &Value) -> String {
     for s in v["sessions"].as_array().into_iter().flatten() {
         out += &format!(
             "  {}{}  up {}  rtt {:.1} ms  streams {}  sent {}  received {}{}\n",
-            s["peer"].as_str().unwrap_or("?"),
+            shown(s["peer"].as_str().unwrap_or("?")),
             if s["detached"] == true {
                 " (detached)"
             } else {
@@ -199,12 +201,13 @@ pub fn human(v: &Value) -> String {
         );
         for t in s["streams"].as_array().into_iter().flatten() {
             // Source → target: the application here, or the peer there.
+            // A target is the peer's string: escaped for the terminal.
             let local = t["local"].as_str().unwrap_or("?");
-            let dest = t["dest"].as_str().unwrap_or("?");
+            let dest = shown(t["dest"].as_str().unwrap_or("?"));
             let (from, to) = match t["opened_here"] == true {
                 true => (local.to_string(), dest.to_string()),
                 false => (
-                    s["peer"].as_str().unwrap_or("?").to_string(),
+                    shown(s["peer"].as_str().unwrap_or("?")).to_string(),
                     format!("{dest} ({local})"),
                 ),
             };

@@ -41,6 +41,7 @@ mod lane_io;
 mod lanes;
 mod link;
 mod local;
+pub mod logs;
 mod pipe;
 mod pipe_pumps;
 mod reader;
