@@ -293,7 +293,7 @@ impl Server {
         serve_carrier(
             carrier,
             None,
-            "stdio".into(),
+            ("stdio".into(), None),
             Arc::new(config),
             &policy,
             None,
@@ -369,6 +369,7 @@ impl Serving {
     async fn handshake_and_serve(
         self,
         from: String,
+        ends: Option<Ends>,
         setup: impl std::future::Future<
             Output = std::io::Result<(Carrier, Option<longhaul_carrier::Fingerprint>)>,
         >,
@@ -388,7 +389,7 @@ impl Serving {
         let served = serve_carrier(
             carrier,
             key,
-            from.clone(),
+            (from.clone(), ends),
             self.config,
             &self.policy,
             Some(&self.live),
@@ -409,6 +410,10 @@ async fn accept_loop(
 ) {
     loop {
         let (sock, from) = accept_with_backoff(&listener, &url.to_string()).await;
+        let ends = sock.local_addr().ok().map(|local| Ends {
+            client: from,
+            local,
+        });
         let Some(permit) = serving.slot(&from) else {
             continue;
         };
@@ -421,7 +426,9 @@ async fn accept_loop(
                 }
             }
             let setup = longhaul_carrier::accept(sock, &transport, tls);
-            serving.handshake_and_serve(from.to_string(), setup).await;
+            serving
+                .handshake_and_serve(from.to_string(), ends, setup)
+                .await;
         });
     }
 }
@@ -446,16 +453,25 @@ async fn folder_accept_loop(
         tokio::spawn(async move {
             let _permit = permit;
             let setup = longhaul_carrier::accept_folder(stream, tls);
-            serving.handshake_and_serve(from, setup).await;
+            serving.handshake_and_serve(from, None, setup).await;
         });
     }
+}
+
+/// A TCP carrier's two ends: where its client is, and our address it came
+/// in on (for the doctor's direct measurement). None for stdio and folders.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ends {
+    pub client: std::net::SocketAddr,
+    pub local: std::net::SocketAddr,
 }
 
 /// Authenticates a carrier and runs its session to the end.
 async fn serve_carrier(
     mut carrier: Carrier,
     key: Option<longhaul_carrier::Fingerprint>,
-    from: String,
+    // Its name for the log, and its TCP ends if it has them.
+    (from, ends): (String, Option<Ends>),
     config: Arc<ServerConfig>,
     policy: &PolicyCell,
     // None for the trusted pipe of `--stdio`, whose owner authenticated
@@ -495,7 +511,7 @@ async fn serve_carrier(
                 format!("refused carrier: not authenticated: {e}")
             })?
     };
-    let mut acceptor = ServerAcceptor::new(&config, policy, &who, from.clone());
+    let mut acceptor = ServerAcceptor::new(&config, policy, &who, from.clone(), ends);
     if live.is_none() {
         acceptor.who = Who::Pipe;
     }

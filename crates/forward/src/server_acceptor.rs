@@ -16,7 +16,7 @@ use crate::auth::Authenticated;
 use crate::connect::{allowed_addrs, connect_any, target};
 use crate::metrics::{Metrics, Refusal};
 use crate::policy::{Grants, Policy, PolicyCell, Who};
-use crate::server::ServerConfig;
+use crate::server::{Ends, ServerConfig};
 use crate::spec::loopback;
 
 pub(crate) struct ServerAcceptor {
@@ -26,6 +26,8 @@ pub(crate) struct ServerAcceptor {
     files: Option<Arc<FileServer>>,
     metrics: Arc<Metrics>,
     peer: String,
+    /// The first carrier's TCP ends, if it had any.
+    ends: Option<Ends>,
     /// This session's refusals, throttled in the log (the file service's
     /// too).
     refusals: Arc<Refusals>,
@@ -37,6 +39,7 @@ impl ServerAcceptor {
         policy: &PolicyCell,
         who: &Authenticated,
         peer: String,
+        ends: Option<Ends>,
     ) -> ServerAcceptor {
         ServerAcceptor {
             policy: policy.clone(),
@@ -45,6 +48,7 @@ impl ServerAcceptor {
             metrics: config.metrics.clone(),
             refusals: Arc::new(Refusals::new(peer.clone())),
             peer,
+            ends,
         }
     }
 
@@ -72,7 +76,7 @@ impl Acceptor for ServerAcceptor {
         let rules = policy.rules.clone();
         let key_rules = grants.allow;
         if dest == crate::doctor::SERVICE {
-            let r = crate::doctor::accept(&peer)
+            let r = crate::doctor::accept(self.ends)
                 .map_err(|e| OpenRefused::new(Reason::GENERAL_FAILURE, e));
             return Box::pin(async move { r });
         }
