@@ -341,7 +341,14 @@ async fn status(a: args::StatusArgs) -> anyhow::Result<()> {
     use longhaul_forward::status;
     let sockets = match &a.socket {
         Some(p) => vec![p.clone()],
-        None => status::sockets(&status::default_dir()),
+        None => {
+            // Sockets in a folder another user controls are not asked.
+            let dir = status::default_dir();
+            if dir.symlink_metadata().is_ok() {
+                status::check_private(&dir)?;
+            }
+            status::sockets(&dir)
+        }
     };
     let mut all = vec![];
     for s in &sockets {

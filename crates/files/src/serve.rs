@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use longhaul_session::logs::{escaped, shown, Refusals};
 use longhaul_session::{LocalStream, ServicePipe};
 use rustix::fs::{AtFlags, FlockOperation, OFlags};
 
@@ -79,9 +80,13 @@ impl FileServer {
         &self.root.path
     }
 
-    /// Starts serving a stream for `peer` with `access`; returns the end
-    /// the session relays.
-    pub fn accept(self: &Arc<Self>, access: Access, peer: String) -> Result<LocalStream, String> {
+    /// Starts serving a stream with `access` for the peer of `log` (its
+    /// session's refusals, throttled); returns the end the session relays.
+    pub fn accept(
+        self: &Arc<Self>,
+        access: Access,
+        log: Arc<Refusals>,
+    ) -> Result<LocalStream, String> {
         if self.busy.fetch_add(1, Ordering::AcqRel) >= MAX_FILE_STREAMS {
             self.busy.fetch_sub(1, Ordering::AcqRel);
             return Err(format!("file service busy ({MAX_FILE_STREAMS} streams)"));
@@ -91,7 +96,7 @@ impl FileServer {
         let started = std::thread::Builder::new()
             .name("files".into())
             .spawn(move || {
-                me.serve(theirs, access, &peer);
+                me.serve(theirs, access, &log);
                 me.busy.fetch_sub(1, Ordering::AcqRel);
             })
             .map(|_| ours)
@@ -102,7 +107,8 @@ impl FileServer {
         started
     }
 
-    fn serve(&self, sock: ServicePipe, access: Access, peer: &str) {
+    fn serve(&self, sock: ServicePipe, access: Access, log: &Refusals) {
+        let peer = log.peer();
         let mut conn = Conn {
             out: sock.clone(),
             input: sock,
@@ -116,25 +122,36 @@ impl FileServer {
                     return;
                 }
             };
-            let path = String::from_utf8_lossy(req.path()).into_owned();
+            // The peer's bytes, escaped; requests that fail are logged at
+            // most a few a second (the session's throttle).
+            let path = shown(&String::from_utf8_lossy(req.path())).to_string();
             match self.handle(&mut conn, req, access, peer) {
                 Ok(()) => {}
                 Err(Failure::Refused(r)) => {
-                    if r.is_hostile() {
-                        tracing::warn!(%peer, %path, "file request refused: {r}");
-                    } else {
-                        tracing::info!(%peer, %path, "file request failed: {r}");
+                    let why = escaped(&r);
+                    if log.admit() {
+                        if r.is_hostile() {
+                            tracing::warn!(%peer, %path, "file request refused: {why}");
+                        } else {
+                            tracing::info!(%peer, %path, "file request failed: {why}");
+                        }
                     }
                     if wire::write_err(&mut conn.out, &r.to_string()).is_err() {
                         return;
                     }
                 }
                 Err(Failure::Ended(why)) => {
-                    tracing::info!(%peer, %path, "file transfer ended: {why}");
+                    if log.admit() {
+                        let why = shown(&why);
+                        tracing::info!(%peer, %path, "file transfer ended: {why}");
+                    }
                     return;
                 }
                 Err(Failure::Abandon(why)) => {
-                    tracing::warn!(%peer, %path, "file not received: {why}");
+                    if log.admit() {
+                        let why = shown(&why);
+                        tracing::warn!(%peer, %path, "file not received: {why}");
+                    }
                     // The answer, then the end of our half; what the client
                     // still sends is read and dropped until it stops (a
                     // reset could overtake the answer).
@@ -223,12 +240,12 @@ impl FileServer {
         c.send(&b)?;
         match send_file(&mut c.out, &file, start, version, hasher, &none) {
             Ok(_) => {
-                tracing::info!(%peer, path = %show(rel), bytes = version.size - start, from = start, "file sent");
+                tracing::info!(%peer, path = %shown(&show(rel)), bytes = version.size - start, from = start, "file sent");
                 Ok(())
             }
             // Said in the trailer; the stream goes on.
             Err(TransferError::Local(msg)) => {
-                tracing::warn!(%peer, path = %show(rel), "file not sent: {msg}");
+                tracing::warn!(%peer, path = %shown(&show(rel)), "file not sent: {}", shown(&msg));
                 Ok(())
             }
             Err(e) => Err(Failure::Ended(e.to_string())),
@@ -286,7 +303,7 @@ impl FileServer {
         match receive_file(&mut c.input, file, start, size, hasher, &none) {
             Ok(_) => {
                 part.finish(mode).map_err(other)?;
-                tracing::info!(%peer, path = %show(rel), bytes = size - start, from = start, "file received");
+                tracing::info!(%peer, path = %shown(&show(rel)), bytes = size - start, from = start, "file received");
                 c.send(&[0])
             }
             // The connection went: keep the verified part for a resume.
@@ -315,7 +332,7 @@ impl FileServer {
             return Ok(());
         }
         if let Some((_, old)) = self.writers().get(path) {
-            tracing::info!(%peer, %path, "a new upload of this file ends the earlier one");
+            tracing::info!(%peer, path = %shown(path), "a new upload of this file ends the earlier one");
             old.shutdown(true);
         }
         let deadline = std::time::Instant::now() + TAKEOVER_WAIT;

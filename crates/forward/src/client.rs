@@ -188,6 +188,9 @@ pub struct Client {
     pub remote_ports: Vec<u16>,
 }
 
+/// Streams the server opened that were refused, for the log.
+static REFUSED: longhaul_session::logs::Throttle = longhaul_session::logs::Throttle::new();
+
 /// Reverse streams may only reach the targets of our own `-R` forwards.
 pub(crate) struct ClientAcceptor {
     targets: Mutex<HashSet<String>>,
@@ -202,7 +205,11 @@ impl Acceptor for ClientAcceptor {
             .unwrap_or(false);
         Box::pin(async move {
             if !allowed {
-                tracing::warn!(%dest, "refused stream opened by server: not one of our -R targets");
+                // The server chooses how often: throttled, escaped.
+                if REFUSED.pass("refused streams opened by the server") {
+                    let dest = longhaul_session::logs::shown(&dest);
+                    tracing::warn!(%dest, "refused stream opened by server: not one of our -R targets");
+                }
                 return Err(OpenRefused::new(
                     Reason::NOT_ALLOWED,
                     "not a reverse-forward target",
@@ -262,6 +269,8 @@ async fn accept_loop(
                         Ok(opened) => opened.attach(sock),
                         Err(e) => {
                             // Dropping `sock` closes it: a prompt, clear failure.
+                            // The server's words, escaped.
+                            let e = longhaul_session::logs::escaped(&e);
                             tracing::info!(%from, %dest, "forward failed: {e}");
                         }
                     }
@@ -345,10 +354,10 @@ impl Client {
         let mut remote_ports = vec![];
         for r in &config.remote {
             let dest = format_dest(&r.host, r.host_port);
-            let port = session
-                .bind(&r.bind_addr(), &dest)
-                .await
-                .map_err(|e| anyhow!("server refused -R {}: {e}", r.bind_addr()))?;
+            let port = session.bind(&r.bind_addr(), &dest).await.map_err(|e| {
+                let e = longhaul_session::logs::escaped(&e);
+                anyhow!("server refused -R {}: {e}", r.bind_addr())
+            })?;
             tracing::info!("-R {}:{port} -> {}:{} open", r.bind, r.host, r.host_port);
             remote_ports.push(port);
         }

@@ -2,13 +2,17 @@
 //! to measure with — over the session, and over one plain TCP connection
 //! with default buffers. Only for authenticated clients (it is a stream
 //! like any other); at most [`MAX_SECONDS`] of sending per request and
-//! [`MAX_AT_ONCE`] requests at a time.
+//! [`MAX_AT_ONCE`] requests at a time. The plain connection is listened
+//! for only on the address the client's carrier came in on, and served to
+//! the client's address alone, once: over stdio or a folder, where that
+//! address is unknown, it is refused.
 
-use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use longhaul_session::LocalStream;
+
+use crate::server::Ends;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
@@ -62,9 +66,9 @@ impl Limits {
     }
 }
 
-/// Starts serving one doctor stream for `peer`; returns the end the
-/// session relays.
-pub fn accept(peer: &str) -> Result<LocalStream, String> {
+/// Starts serving one doctor stream for the client at `ends` (None: its
+/// address is unknown); returns the end the session relays.
+pub(crate) fn accept(ends: Option<Ends>) -> Result<LocalStream, String> {
     if BUSY.fetch_add(1, Ordering::AcqRel) >= MAX_AT_ONCE {
         BUSY.fetch_sub(1, Ordering::AcqRel);
         return Err(format!("doctor busy ({MAX_AT_ONCE} at once)"));
@@ -72,9 +76,8 @@ pub fn accept(peer: &str) -> Result<LocalStream, String> {
     let r = LocalStream::pair().and_then(|(ours, theirs)| {
         theirs.set_nonblocking(true)?;
         let theirs = tokio::net::UnixStream::from_std(theirs)?;
-        let ip = peer.parse::<SocketAddr>().ok().map(|a| a.ip());
         tokio::spawn(async move {
-            let _ = serve(theirs, ip).await;
+            let _ = serve(theirs, ends).await;
             BUSY.fetch_sub(1, Ordering::AcqRel);
         });
         Ok(ours)
@@ -85,7 +88,7 @@ pub fn accept(peer: &str) -> Result<LocalStream, String> {
     })
 }
 
-async fn serve(sock: tokio::net::UnixStream, peer: Option<IpAddr>) -> std::io::Result<()> {
+async fn serve(sock: tokio::net::UnixStream, ends: Option<Ends>) -> std::io::Result<()> {
     let (r, mut w) = sock.into_split();
     let mut r = BufReader::new(r);
     let mut line = String::new();
@@ -121,19 +124,26 @@ async fn serve(sock: tokio::net::UnixStream, peer: Option<IpAddr>) -> std::io::R
                 return w.shutdown().await;
             }
             Some("DIRECT") => {
-                let listener = TcpListener::bind(("0.0.0.0", 0)).await?;
+                let Some(ends) = ends else {
+                    w.write_all(b"REFUSED no direct measurement: the client's address is unknown over this carrier (stdio or folder)\n").await?;
+                    continue;
+                };
+                let client = ends.client.ip().to_canonical();
+                let listener = TcpListener::bind((ends.local.ip().to_canonical(), 0)).await?;
                 let port = listener.local_addr()?.port();
                 w.write_all(format!("PORT {port}\n").as_bytes()).await?;
                 let deadline = Instant::now() + DIRECT_WAIT;
-                // Only the client's own address gets the bytes.
+                // Only the client's own address gets the bytes; others
+                // are closed unanswered.
                 let sock = loop {
                     let (s, from) = tokio::time::timeout_at(deadline.into(), listener.accept())
                         .await
                         .map_err(|_| std::io::ErrorKind::TimedOut)??;
-                    if peer.is_none_or(|p| p == from.ip()) {
+                    if from.ip().to_canonical() == client {
                         break s;
                     }
                 };
+                // One connection: nobody else gets in after it.
                 drop(listener);
                 let (_, mut sw) = sock.into_split();
                 source(&mut sw, secs(1)).await?;

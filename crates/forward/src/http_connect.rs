@@ -84,7 +84,8 @@ pub async fn serve(mut sock: TcpStream, session: SessionHandle) {
             }
         }
         Err(e) => {
-            tracing::info!(%dest, "CONNECT failed: {e}");
+            let why = longhaul_session::logs::escaped(&e);
+            tracing::info!(dest = %longhaul_session::logs::shown(&dest), "CONNECT failed: {why}");
             let status = match e.reason {
                 Reason::NOT_ALLOWED => "403 Forbidden",
                 Reason::TTL_EXPIRED => "504 Gateway Timeout",

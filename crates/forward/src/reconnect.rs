@@ -316,7 +316,10 @@ async fn rebind(config: &ClientConfig, session: &SessionHandle, ports: &[u16]) {
         };
         match session.bind(&bind, &dest).await {
             Ok(p) => tracing::info!("-R {}:{p} -> {}:{} open again", r.bind, r.host, r.host_port),
-            Err(e) => tracing::error!("server refused -R {bind} on the new session: {e}"),
+            Err(e) => {
+                let e = longhaul_session::logs::escaped(&e);
+                tracing::error!("server refused -R {bind} on the new session: {e}")
+            }
         }
     }
 }

@@ -382,6 +382,7 @@ impl Serving {
     async fn handshake_and_serve(
         self,
         from: String,
+        ends: Option<Ends>,
         setup: impl std::future::Future<
             Output = std::io::Result<(Carrier, Option<longhaul_carrier::Fingerprint>)>,
         >,
@@ -426,7 +427,7 @@ impl Serving {
             carrier,
             key,
             who,
-            from.clone(),
+            (from.clone(), ends),
             self.config.clone(),
             &self.policy,
             Some(&self.live),
@@ -459,6 +460,10 @@ async fn accept_loop(
     let per_source = matches!(url.transport, Transport::Tcp | Transport::Tls);
     loop {
         let (sock, from) = accept_with_backoff(&listener, &url.to_string()).await;
+        let ends = sock.local_addr().ok().map(|local| Ends {
+            client: from,
+            local,
+        });
         let ticket = serving
             .pending
             .admit(per_source.then_some(crate::pending::source_of(from.ip())));
@@ -471,7 +476,7 @@ async fn accept_loop(
             }
             let setup = longhaul_carrier::accept(sock, &transport, tls);
             serving
-                .handshake_and_serve(from.to_string(), setup, Gate::Pending(ticket))
+                .handshake_and_serve(from.to_string(), ends, setup, Gate::Pending(ticket))
                 .await;
         });
     }
@@ -497,10 +502,18 @@ async fn folder_accept_loop(
         tokio::spawn(async move {
             let setup = longhaul_carrier::accept_folder(stream, tls);
             serving
-                .handshake_and_serve(from, setup, Gate::Slot(Some(permit)))
+                .handshake_and_serve(from, None, setup, Gate::Slot(Some(permit)))
                 .await;
         });
     }
+}
+
+/// A TCP carrier's two ends: where its client is, and our address it came
+/// in on (for the doctor's direct measurement). None for stdio and folders.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ends {
+    pub client: std::net::SocketAddr,
+    pub local: std::net::SocketAddr,
 }
 
 /// Authenticates a carrier and runs its session to the end.
@@ -517,8 +530,9 @@ async fn serve_carrier(
 ) -> Result<String, String> {
     let deadline = tokio::time::Instant::now() + config.session.handshake_timeout;
     let who = authenticate(&mut carrier, key, &config, policy, live.is_some(), deadline).await?;
+    let named = (from, None);
     run_session(
-        carrier, key, who, from, config, policy, live, resumables, None,
+        carrier, key, who, named, config, policy, live, resumables, None,
     )
     .await
 }
@@ -573,7 +587,8 @@ async fn run_session(
     carrier: Carrier,
     key: Option<longhaul_carrier::Fingerprint>,
     who: Authenticated,
-    from: String,
+    // Its name for the log, and its TCP ends if it has them.
+    (from, ends): (String, Option<Ends>),
     config: Arc<ServerConfig>,
     policy: &PolicyCell,
     live: Option<&Live>,
@@ -582,7 +597,7 @@ async fn run_session(
     // carrier holds one already, or is the trusted pipe).
     slots: Option<&Serving>,
 ) -> Result<String, String> {
-    let mut acceptor = ServerAcceptor::new(&config, policy, &who, from.clone());
+    let mut acceptor = ServerAcceptor::new(&config, policy, &who, from.clone(), ends);
     if live.is_none() {
         acceptor.who = Who::Pipe;
     }

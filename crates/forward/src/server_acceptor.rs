@@ -8,6 +8,7 @@ use std::sync::Arc;
 use longhaul_carrier::{accept_with_backoff, bind_listener};
 use longhaul_files::serve::FileServer;
 use longhaul_proto::Reason;
+use longhaul_session::logs::{escaped, shown, Refusals};
 use longhaul_session::{Acceptor, BoxFuture, LocalStream, OpenRefused, SessionHandle};
 use tokio::net::TcpListener;
 
@@ -15,7 +16,7 @@ use crate::auth::Authenticated;
 use crate::connect::{allowed_addrs, connect_any, target};
 use crate::metrics::{Metrics, Refusal};
 use crate::policy::{Grants, Policy, PolicyCell, Who};
-use crate::server::ServerConfig;
+use crate::server::{Ends, ServerConfig};
 use crate::spec::loopback;
 
 pub(crate) struct ServerAcceptor {
@@ -25,6 +26,11 @@ pub(crate) struct ServerAcceptor {
     files: Option<Arc<FileServer>>,
     metrics: Arc<Metrics>,
     peer: String,
+    /// The first carrier's TCP ends, if it had any.
+    ends: Option<Ends>,
+    /// This session's refusals, throttled in the log (the file service's
+    /// too).
+    refusals: Arc<Refusals>,
 }
 
 impl ServerAcceptor {
@@ -33,13 +39,16 @@ impl ServerAcceptor {
         policy: &PolicyCell,
         who: &Authenticated,
         peer: String,
+        ends: Option<Ends>,
     ) -> ServerAcceptor {
         ServerAcceptor {
             policy: policy.clone(),
             who: who.into(),
             files: config.files.clone(),
             metrics: config.metrics.clone(),
+            refusals: Arc::new(Refusals::new(peer.clone())),
             peer,
+            ends,
         }
     }
 
@@ -76,18 +85,20 @@ impl Acceptor for ServerAcceptor {
         let (cell, who) = (self.policy.clone(), self.who.clone());
         let checked_under = policy.clone();
         if dest == crate::doctor::SERVICE {
-            let r = crate::doctor::accept(&peer)
+            let r = crate::doctor::accept(self.ends)
                 .map_err(|e| OpenRefused::new(Reason::GENERAL_FAILURE, e));
             return Box::pin(async move { r });
         }
         if dest == longhaul_files::SERVICE {
             let r = match self.files.clone().zip(grants.files) {
                 Some((server, access)) => server
-                    .accept(access, peer.clone())
+                    .accept(access, self.refusals.clone())
                     .map_err(|e| OpenRefused::new(Reason::GENERAL_FAILURE, e)),
                 None => {
                     self.metrics.refused(Refusal::FilesNotAllowed);
-                    tracing::warn!(%peer, "refused the file service: no --files folder, or no files= access for this client");
+                    if self.refusals.admit() {
+                        tracing::warn!(%peer, "refused the file service: no --files folder, or no files= access for this client");
+                    }
                     Err(OpenRefused::new(
                         Reason::NOT_ALLOWED,
                         "no file access for this client",
@@ -96,17 +107,24 @@ impl Acceptor for ServerAcceptor {
             };
             return Box::pin(async move { r });
         }
+        let refusals = self.refusals.clone();
         Box::pin(async move {
-            let (host, port) = target(&dest)?;
-            let mut sets = vec![&rules];
-            sets.extend(key_rules.as_ref());
-            let addrs = match allowed_addrs(&sets, &host, port).await {
+            let allowed = async {
+                let (host, port) = target(&dest)?;
+                let mut sets = vec![&rules];
+                sets.extend(key_rules.as_ref());
+                allowed_addrs(&sets, &host, port).await
+            };
+            let addrs = match allowed.await {
                 Ok(a) => a,
                 Err(e) => {
                     if e.reason == Reason::NOT_ALLOWED {
                         metrics.refused(Refusal::TargetNotAllowed);
                     }
-                    tracing::warn!(%peer, %dest, "refused: {e}");
+                    if refusals.admit() {
+                        let (dest, why) = (shown(&dest), escaped(&e));
+                        tracing::warn!(%peer, %dest, "refused: {why}");
+                    }
                     return Err(e);
                 }
             };
@@ -125,7 +143,9 @@ impl Acceptor for ServerAcceptor {
             };
             let mut sets = vec![&policy.rules];
             sets.extend(grants.allow.as_ref());
+            let (host, port) = target(&dest)?;
             if allowed_addrs(&sets, &host, port).await.is_err() {
+                let dest = shown(&dest);
                 tracing::warn!(%peer, %dest, "refused: the rules changed while connecting");
                 return Err(OpenRefused::new(Reason::NOT_ALLOWED, "no longer allowed"));
             }
@@ -148,6 +168,7 @@ impl Acceptor for ServerAcceptor {
         let who = self.who.clone();
         let peer = self.peer.clone();
         let metrics = self.metrics.clone();
+        let refusals = self.refusals.clone();
         Box::pin(async move {
             let addr: SocketAddr = match bind.parse() {
                 Ok(a) => a,
@@ -168,7 +189,10 @@ impl Acceptor for ServerAcceptor {
             };
             if !policy.allows_bind(&who, addr) {
                 metrics.refused(Refusal::BindNotAllowed);
-                tracing::warn!(%peer, %bind, "refused reverse bind: not allowed (see --allow-bind)");
+                if refusals.admit() {
+                    let bind = shown(&bind);
+                    tracing::warn!(%peer, %bind, "refused reverse bind: not allowed (see --allow-bind)");
+                }
                 return Err(OpenRefused::new(
                     Reason::NOT_ALLOWED,
                     format!("binding {addr} is not allowed"),
@@ -184,7 +208,7 @@ impl Acceptor for ServerAcceptor {
                 .local_addr()
                 .map(|a| a.port())
                 .unwrap_or(addr.port());
-            tracing::info!(%peer, listen = %addr, %dest, "reverse forward open");
+            tracing::info!(%peer, listen = %addr, dest = %shown(&dest), "reverse forward open");
             let grant = BindGrant {
                 policy: cell,
                 who,
@@ -236,7 +260,7 @@ async fn reverse_accept_loop(
     session: SessionHandle,
     grant: BindGrant,
 ) {
-    let what = format!("reverse forward to {dest}");
+    let what = format!("reverse forward to {}", shown(&dest));
     let revoked = grant.revoked();
     tokio::pin!(revoked);
     loop {
@@ -255,7 +279,10 @@ async fn reverse_accept_loop(
         tokio::spawn(async move {
             match session.open(&dest).await {
                 Ok(opened) => opened.attach(sock),
-                Err(e) => tracing::info!(%from, %dest, "reverse stream failed: {e}"),
+                Err(e) => {
+                    let (dest, why) = (shown(&dest), escaped(&e));
+                    tracing::info!(%from, %dest, "reverse stream failed: {why}")
+                }
             }
         });
     }

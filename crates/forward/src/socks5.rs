@@ -91,7 +91,8 @@ pub async fn serve(mut sock: TcpStream, session: SessionHandle) {
             }
         }
         Err(e) => {
-            tracing::info!(%dest, "socks5 connect failed: {e}");
+            let why = longhaul_session::logs::escaped(&e);
+            tracing::info!(dest = %longhaul_session::logs::shown(&dest), "socks5 connect failed: {why}");
             let code = match e.reason.0 {
                 c @ 1..=8 => c as u8,
                 _ => REP_GENERAL_FAILURE,

@@ -11,6 +11,8 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
+use longhaul_session::logs::shown;
+
 use crate::metrics::Metrics;
 
 /// Where control sockets live: `/run/longhaul` for root, else
@@ -45,14 +47,71 @@ const MAX_ANSWER: u64 = 64 << 20;
 /// How long `status` waits for one answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Serves snapshots on `path` until the runtime ends.
-pub fn serve(path: &Path, role: &'static str, metrics: Arc<Metrics>) -> std::io::Result<Control> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    if let Some(dir) = path.parent() {
+/// Makes `dir` (0700) if it is missing, and checks that it is ours alone.
+/// In a shared place like /tmp another user may have made it first, to
+/// reach or replace our sockets: see [`check_private`].
+pub fn make_private(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if let Some(parent) = dir.parent() {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
-            .create(dir)?;
+            .create(parent)?;
+    }
+    // mkdir(2) never follows a symlink in the last component: one that is
+    // there already makes it fail, and the check below refuses it.
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    check_private(dir)
+}
+
+/// Whether `dir` is a folder (not a symlink to one) owned by our user,
+/// with no access for group or others; otherwise one line saying why not.
+pub fn check_private(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let refuse = |why: String| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("refusing {} for control sockets: {why}", dir.display()),
+        ))
+    };
+    let m = std::fs::symlink_metadata(dir)?;
+    let me = rustix::process::geteuid().as_raw();
+    if m.file_type().is_symlink() {
+        return refuse("it is a symbolic link (remove it)".into());
+    }
+    if !m.is_dir() {
+        return refuse("it is not a directory (remove it)".into());
+    }
+    if m.uid() != me {
+        return refuse(format!(
+            "it belongs to uid {}, not to us (uid {me}): another user made it first (remove it, or pass --control PATH)",
+            m.uid()
+        ));
+    }
+    if m.mode() & 0o077 != 0 {
+        return refuse(format!(
+            "its mode {:04o} lets other users in (chmod 700 it)",
+            m.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// Serves snapshots on `path` until the runtime ends. The default folder
+/// must be ours alone ([`make_private`]); a folder named with `--control`
+/// is the user's choice, made 0700 if it is missing.
+pub fn serve(path: &Path, role: &'static str, metrics: Arc<Metrics>) -> std::io::Result<Control> {
+    use std::os::unix::fs::DirBuilderExt;
+    match path.parent() {
+        Some(dir) if dir == default_dir() => make_private(dir)?,
+        Some(dir) => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?,
+        None => {}
     }
     // A socket file left by a process that is gone is replaced; one that
     // answers is not.
@@ -76,7 +135,7 @@ pub fn serve(path: &Path, role: &'static str, metrics: Arc<Metrics>) -> std::io:
         }
     }
     let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    only_ours(path)?;
     let started = Instant::now();
     tokio::spawn(async move {
         loop {
@@ -93,6 +152,28 @@ pub fn serve(path: &Path, role: &'static str, metrics: Arc<Metrics>) -> std::io:
         }
     });
     Ok(Control(path.to_path_buf()))
+}
+
+/// Makes the socket we just bound 0600 without following a symlink that
+/// another user put in its place (if they can write the folder).
+fn only_ours(path: &Path) -> std::io::Result<()> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    use std::os::unix::fs::PermissionsExt;
+    let fd = rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    if FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) != FileType::Socket {
+        return Err(std::io::Error::other(format!(
+            "{} was replaced by something other than our socket",
+            path.display()
+        )));
+    }
+    // An O_PATH descriptor cannot be fchmod'ed; its /proc link names the
+    // very file it holds.
+    let by_fd = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    std::fs::set_permissions(by_fd, std::fs::Permissions::from_mode(0o600))
 }
 
 fn snapshot(role: &str, started: Instant, metrics: &Metrics) -> Value {
@@ -181,7 +262,7 @@ pub fn human(v: &Value) -> String {
     for s in v["sessions"].as_array().into_iter().flatten() {
         out += &format!(
             "  {}{}  up {}  rtt {:.1} ms  streams {}  sent {}  received {}{}\n",
-            s["peer"].as_str().unwrap_or("?"),
+            shown(s["peer"].as_str().unwrap_or("?")),
             if s["detached"] == true {
                 " (detached)"
             } else {
@@ -199,12 +280,13 @@ pub fn human(v: &Value) -> String {
         );
         for t in s["streams"].as_array().into_iter().flatten() {
             // Source → target: the application here, or the peer there.
+            // A target is the peer's string: escaped for the terminal.
             let local = t["local"].as_str().unwrap_or("?");
-            let dest = t["dest"].as_str().unwrap_or("?");
+            let dest = shown(t["dest"].as_str().unwrap_or("?"));
             let (from, to) = match t["opened_here"] == true {
                 true => (local.to_string(), dest.to_string()),
                 false => (
-                    s["peer"].as_str().unwrap_or("?").to_string(),
+                    shown(s["peer"].as_str().unwrap_or("?")).to_string(),
                     format!("{dest} ({local})"),
                 ),
             };

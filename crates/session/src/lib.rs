@@ -42,6 +42,7 @@ mod lane_io;
 mod lanes;
 mod link;
 mod local;
+pub mod logs;
 mod pipe;
 mod pipe_pumps;
 mod reader;

@@ -8,8 +8,12 @@ use longhaul_proto::frame::Reason;
 use longhaul_proto::mux::{IncomingOpen, Refused};
 
 use crate::config::OpenRefused;
+use crate::logs::{escaped, shown, Throttle};
 use crate::runtime::{SessionHandle, Shared};
 use crate::stream::spawn_pumps;
+
+/// Refused OPENs logged, across sessions.
+static REFUSED: Throttle = Throttle::new();
 
 /// Connects to what the peer asked for (bounded by `open_timeout`), then
 /// answers its OPEN.
@@ -28,12 +32,17 @@ pub(crate) fn connect_for_peer(shared: &Arc<Shared>, open: IncomingOpen, dest: S
         match r {
             Ok(sock) => {
                 if let Some((id, _)) = me.accepted(open, &dest) {
-                    tracing::debug!(peer = %me.peer, %dest, stream = id, "stream opened by peer");
+                    tracing::debug!(peer = %me.peer, dest = %shown(&dest), stream = id, "stream opened by peer");
                     spawn_pumps(&me, id, sock);
                 }
             }
             Err(e) => {
-                tracing::info!(peer = %me.peer, %dest, reason = %e, "stream refused");
+                // Throttled for the whole process: the acceptor logs each
+                // session's refusals (throttled too) with their reasons.
+                if REFUSED.pass("refused streams") {
+                    let (dest, why) = (shown(&dest), escaped(&e));
+                    tracing::info!(peer = %me.peer, %dest, reason = %why, "stream refused");
+                }
                 me.with(|m, _| m.refuse_open(open, Refused::new(e.reason, e.description)));
             }
         }
