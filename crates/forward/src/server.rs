@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use longhaul_carrier::folder::{FolderListener, FolderUrl};
+use longhaul_carrier::folder::{Admission, FolderListener, FolderUrl};
 use longhaul_carrier::{
     accept_with_backoff, bind_listener, Carrier, Identity, ListenUrl, Transport,
 };
@@ -118,6 +118,9 @@ impl ServerConfig {
 pub struct Server {
     listeners: Vec<(TcpListener, ListenUrl)>,
     folders: Vec<FolderListener>,
+    /// `--max-sessions`; folder listeners take theirs before they start
+    /// anything for a carrier.
+    slots: Arc<Semaphore>,
     tls: Option<Arc<rustls::ServerConfig>>,
     config: ServerConfig,
     policy: PolicyCell,
@@ -176,10 +179,11 @@ impl Server {
                 .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {l}: {e}")))?;
             listeners.push((lst, l.clone()));
         }
+        let slots = Arc::new(Semaphore::new(config.max_sessions));
         let folders = config
             .folders
             .iter()
-            .map(FolderListener::bind)
+            .map(|f| FolderListener::bind_with_slots(f, Some(slots.clone())))
             .collect::<std::io::Result<Vec<_>>>()?;
         let policy = PolicyCell::new(Policy {
             auth: config.auth.clone(),
@@ -190,6 +194,7 @@ impl Server {
         Ok(Server {
             listeners,
             folders,
+            slots,
             tls,
             config,
             policy,
@@ -241,7 +246,7 @@ impl Server {
     pub async fn run_until(self, stop: impl std::future::Future<Output = ()>) {
         let live = self.live.clone();
         let serving = Serving {
-            slots: Arc::new(Semaphore::new(self.config.max_sessions)),
+            slots: self.slots,
             config: Arc::new(self.config),
             policy: self.policy.clone(),
             live: live.clone(),
@@ -433,19 +438,26 @@ async fn folder_accept_loop(
     serving: Serving,
 ) {
     loop {
-        let stream = match folder.accept().await {
+        let mut stream = match folder.accept().await {
             Ok(s) => s,
             Err(e) => return tracing::error!("{e}"),
         };
         let from = stream.peer.clone();
+        // The listener took the carrier's slot, and its place among the
+        // folder's handshakes, before it started anything for it.
+        let Admission { slot, pending } = std::mem::take(&mut stream.admission);
         // Dropping the stream removes its files.
-        let Some(permit) = serving.slot(&from) else {
+        let Some(permit) = slot.or_else(|| serving.slot(&from)) else {
             continue;
         };
         let (serving, tls) = (serving.clone(), tls.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            let setup = longhaul_carrier::accept_folder(stream, tls);
+            let setup = async move {
+                let r = longhaul_carrier::accept_folder(stream, tls).await;
+                drop(pending);
+                r
+            };
             serving.handshake_and_serve(from, setup).await;
         });
     }
