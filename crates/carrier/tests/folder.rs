@@ -183,6 +183,29 @@ async fn a_fifo_or_a_symlink_named_like_a_carrier_file_ends_only_that_carrier() 
 }
 
 #[test]
+fn folder_identities_have_no_whitespace_or_options_and_round_trip() {
+    let a: FolderUrl = "dir:///media/sf_My Share/./lh/".parse().unwrap();
+    let b: FolderUrl = "dir:///media/sf_My Share/lh?poll=20ms".parse().unwrap();
+    assert_eq!(a.identity(), "dir:///media/sf_My%20Share/lh");
+    assert_eq!(a.identity(), b.identity());
+    for p in ["/a b/c\td%e", "/x/\u{2003}y\nz", "/plain/path"] {
+        let u = FolderUrl {
+            dir: p.into(),
+            poll: longhaul_carrier::folder::PollMode::Auto,
+            tls: true,
+        };
+        let id = u.identity();
+        assert!(!id.contains(char::is_whitespace), "{id}");
+        assert_eq!(FolderUrl::path_of_identity(&id).unwrap(), Path::new(p));
+    }
+    let off: FolderUrl = "dir:///srv/x?tls=off".parse().unwrap();
+    assert!(!off.tls);
+    assert_eq!(off.to_string(), "dir:///srv/x?tls=off");
+    assert!("dir:///srv/x".parse::<FolderUrl>().unwrap().tls);
+    assert!("dir:///srv/x?tls=maybe".parse::<FolderUrl>().is_err());
+}
+
+#[test]
 fn urls_parse_with_one_line_errors() {
     let u: FolderUrl = "dir:///srv/share?poll=20ms".parse().unwrap();
     assert_eq!(u.dir, Path::new("/srv/share"));

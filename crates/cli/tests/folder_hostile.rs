@@ -282,6 +282,121 @@ fn server_on(url: &str, work: &Path, name: &str, target: u16, more: &[&str]) -> 
     (k, fp)
 }
 
+#[test]
+fn known_hosts_pins_a_folder_whose_path_has_a_space_and_first_use_is_asked_for() {
+    let share = Share::new("kh");
+    let folder = share.0.join("My Share");
+    std::fs::create_dir_all(&folder).unwrap();
+    let url = format!("dir://{}", folder.display());
+    let work = tmpdir("kh");
+    let kh = work.join("known_hosts");
+    let kh_arg = kh.to_str().unwrap();
+    let target = echo_target();
+    let (mut a, _) = server_on(&url, &work, "a", target, &[]);
+    // First use over a folder: refused unless asked for, in one line.
+    let err = live_client(&url, &["--known-hosts", kh_arg], target, &work)
+        .err()
+        .expect("first use over a folder was trusted without --trust-first-use");
+    assert!(
+        err.contains("--trust-first-use") && err.contains("--pin"),
+        "{err}"
+    );
+    let refusal: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("--trust-first-use"))
+        .collect();
+    assert_eq!(refusal.len(), 1, "{err}");
+    // Asked for: trusted and remembered, once.
+    let args = ["--known-hosts", kh_arg, "--trust-first-use"];
+    drop(live_client(&url, &args, target, &work).unwrap());
+    let text = std::fs::read_to_string(&kh).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    // Known now: no flag needed, and ?poll= is the same folder.
+    let polled = format!("{url}?poll=20ms");
+    drop(live_client(&polled, &["--known-hosts", kh_arg], target, &work).unwrap());
+    let text = std::fs::read_to_string(&kh).unwrap();
+    assert_eq!(text.lines().count(), 1, "a second entry: {text}");
+    // Another key answers in that folder: refused, loudly.
+    sigterm(&a);
+    assert!(exits_within(&mut a, 5).is_some());
+    let (_b, _) = server_on(&url, &work, "b", target, &[]);
+    let err = live_client(&url, &args, target, &work)
+        .err()
+        .expect("a changed key was trusted");
+    assert!(err.contains("CHANGED"), "{err}");
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+/// Every byte the folder's files hold now.
+fn folder_bytes(dir: &Path) -> Vec<u8> {
+    let mut all = vec![];
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if let Ok(b) = std::fs::read(e.path()) {
+            all.extend(b);
+        }
+    }
+    all
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn insecure_alone_keeps_a_folder_encrypted() {
+    let share = Share::new("insecure");
+    let work = tmpdir("insecure");
+    let target = echo_target();
+    let url = share.url();
+    // --insecure on both sides: still TLS, the token unreadable in the files.
+    let (_s, fp) = server_on(&url, &work, "s", target, &["--insecure"]);
+    let (_c, _) = live_client(&url, &["--insecure", "--pin", &fp], target, &work).unwrap();
+    let seen = folder_bytes(&share.0);
+    assert!(!seen.is_empty());
+    assert!(
+        !contains(&seen, TOKEN.as_bytes()),
+        "the token is readable in the folder's files"
+    );
+    // An unencrypted folder is asked for per listener, and with --insecure.
+    let plain = format!("{url}?tls=off");
+    let out = run_bounded(
+        &[
+            "server",
+            "--listen",
+            &plain,
+            "--token",
+            TOKEN,
+            "--allow-all",
+        ],
+        10,
+    )
+    .expect("server hung");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("unencrypted") && err.contains("--insecure"),
+        "{err}"
+    );
+    let out = run_bounded(
+        &["client", &plain, "--token", TOKEN, "-L", "0:127.0.0.1:1"],
+        10,
+    )
+    .expect("client hung");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("unencrypted") && err.contains("--insecure"),
+        "{err}"
+    );
+    // The help says so.
+    for cmd in ["server", "client"] {
+        let out = Command::new(BIN).args([cmd, "--help"]).output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("dir://PATH?tls=off"), "{cmd} --help: {help}");
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}
+
 /// Threads of a process now.
 fn threads(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -100,10 +100,19 @@ impl ServerConfig {
                 ));
             }
         }
-        if let (Some(f), None, false) = (self.folders.first(), &self.identity, self.auth.insecure) {
-            return Err(format!(
-                "{f} needs the server's key: --key FILE (make one with 'longhaul keygen --out FILE'), or --insecure for no TLS"
-            ));
+        for f in &self.folders {
+            // --insecure alone never takes TLS off a folder: whoever reads
+            // the share would read the token and every byte.
+            if !f.tls && !self.auth.insecure {
+                return Err(format!(
+                    "{f} is unencrypted: the token and all traffic would be written in clear into the folder; add --insecure if that is what you want, or drop ?tls=off"
+                ));
+            }
+            if f.tls && self.identity.is_none() {
+                return Err(format!(
+                    "{f} needs the server's key: --key FILE (make one with 'longhaul keygen --out FILE'); the folder stays encrypted even with --insecure"
+                ));
+            }
         }
         if self.auth.is_open() && !self.auth.insecure {
             return Err("no way to authenticate clients: give --authorized-keys FILE or --token (or LONGHAUL_TOKEN), or --insecure to let anyone in".into());
@@ -254,9 +263,10 @@ impl Server {
         };
         let mut tasks = tokio::task::JoinSet::new();
         for folder in self.folders {
-            let tls = match serving.config.auth.insecure {
-                true => None,
-                false => self.tls.clone(),
+            // Off only where the listener says ?tls=off (checked: with --insecure).
+            let tls = match folder.url().tls {
+                true => self.tls.clone(),
+                false => None,
             };
             tasks.spawn(folder_accept_loop(folder, tls, serving.clone()));
         }

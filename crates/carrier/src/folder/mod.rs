@@ -64,9 +64,13 @@ use write::start_writer;
 pub struct FolderUrl {
     pub dir: PathBuf,
     pub poll: PollMode,
+    /// TLS inside the files (the default). Off only when the URL says
+    /// `?tls=off`: a server's or client's `--insecure` alone never turns
+    /// it off (the token would be written in clear into the folder).
+    pub tls: bool,
 }
 
-const USAGE: &str = "use dir://PATH, dir://PATH?poll=on or dir://PATH?poll=DURATION (e.g. 20ms: poll, idling at most that long)";
+const USAGE: &str = "use dir://PATH, dir://PATH?poll=on or dir://PATH?poll=DURATION (e.g. 20ms: poll, idling at most that long); &tls=off (with --insecure) for no TLS";
 
 fn parse_duration(s: &str) -> Option<Duration> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
@@ -93,8 +97,12 @@ impl std::str::FromStr for FolderUrl {
             return Err(format!("'{s}' names no directory ({USAGE})"));
         }
         let mut poll = PollMode::Auto;
+        let mut tls = true;
         for kv in query.into_iter().flat_map(|q| q.split('&')) {
             match kv.split_once('=') {
+                Some(("tls", "on")) => tls = true,
+                Some(("tls", "off")) => tls = false,
+                Some(("tls", v)) => return Err(format!("tls={v}: give on or off ({USAGE})")),
                 Some(("poll", "auto")) => poll = PollMode::Auto,
                 Some(("poll", "on")) => poll = PollMode::Forced(POLL_MAX),
                 Some(("poll", d)) => {
@@ -115,16 +123,70 @@ impl std::str::FromStr for FolderUrl {
         Ok(FolderUrl {
             dir: PathBuf::from(path),
             poll,
+            tls,
         })
+    }
+}
+
+impl FolderUrl {
+    /// The folder's name in known_hosts: `dir://` and its absolute path,
+    /// with whitespace, control characters, `%` and bytes that are not
+    /// UTF-8 percent-encoded (a known_hosts line splits on whitespace), and
+    /// no options (`?poll=` does not change whose folder it is). Decoded by
+    /// [`FolderUrl::path_of_identity`].
+    pub fn identity(&self) -> String {
+        let abs = std::path::absolute(&self.dir).unwrap_or_else(|_| self.dir.clone());
+        // Lexically: no `.`, no doubled or trailing `/` (not `..`: a
+        // symbolic link may make it mean something else).
+        let abs: PathBuf = abs.components().collect();
+        let mut out = String::from("dir://");
+        let bytes = std::os::unix::ffi::OsStrExt::as_bytes(abs.as_os_str());
+        for chunk in bytes.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                if c.is_whitespace() || c.is_control() || c == '%' {
+                    let mut b = [0u8; 4];
+                    for x in c.encode_utf8(&mut b).bytes() {
+                        out.push_str(&format!("%{x:02X}"));
+                    }
+                } else {
+                    out.push(c);
+                }
+            }
+            for x in chunk.invalid() {
+                out.push_str(&format!("%{x:02X}"));
+            }
+        }
+        out
+    }
+
+    /// The path an [`identity`](FolderUrl::identity) names.
+    pub fn path_of_identity(id: &str) -> Option<PathBuf> {
+        let rest = id.strip_prefix("dir://")?.as_bytes();
+        let mut out = Vec::with_capacity(rest.len());
+        let mut i = 0;
+        while i < rest.len() {
+            if rest[i] == b'%' {
+                let hex = std::str::from_utf8(rest.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            } else {
+                out.push(rest[i]);
+                i += 1;
+            }
+        }
+        let os: std::ffi::OsString = std::os::unix::ffi::OsStringExt::from_vec(out);
+        Some(PathBuf::from(os))
     }
 }
 
 impl fmt::Display for FolderUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "dir://{}", self.dir.display())?;
-        match self.poll {
-            PollMode::Auto => Ok(()),
-            PollMode::Forced(d) => write!(f, "?poll={}us", d.as_micros()),
+        match (self.poll, self.tls) {
+            (PollMode::Auto, true) => Ok(()),
+            (PollMode::Auto, false) => write!(f, "?tls=off"),
+            (PollMode::Forced(d), true) => write!(f, "?poll={}us", d.as_micros()),
+            (PollMode::Forced(d), false) => write!(f, "?poll={}us&tls=off", d.as_micros()),
         }
     }
 }
