@@ -92,7 +92,12 @@ async fn stale_files_are_ignored_and_sessions_stay_apart() {
         "lh-00000000000000cc.s.0",
         "lh-00000000000000dd.c.0",
     ] {
-        std::fs::write(dir.0.join(f), record::encode(Kind::Data, 0, b"old")).unwrap();
+        let p = dir.0.join(f);
+        std::fs::write(&p, record::encode(Kind::Data, 0, b"old")).unwrap();
+        // An earlier run's: older than the listener (by the folder's clock).
+        let f = std::fs::File::options().write(true).open(&p).unwrap();
+        f.set_modified(std::time::SystemTime::now() - Duration::from_secs(60))
+            .unwrap();
     }
     let mut listener = FolderListener::bind(&dir.url()).unwrap();
     let (mut a, mut b) = (dial(&dir.url()).unwrap(), dial(&dir.url()).unwrap());
@@ -141,6 +146,63 @@ async fn a_vanished_folder_ends_both_sides() {
     assert!(e.to_string().contains("folder carrier"), "{e}");
     let e = within(5, server.read(&mut b)).await.unwrap_err();
     assert!(e.to_string().contains("folder carrier"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_or_a_symlink_named_like_a_carrier_file_ends_only_that_carrier() {
+    let dir = TempDir::new("fifo");
+    let outside = TempDir::new("fifo-outside");
+    let mut listener = FolderListener::bind(&dir.url()).unwrap();
+    let fifo = dir.0.join("lh-0123456789abcdef.c.0");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let target = outside.0.join("elsewhere.fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&target)
+        .status()
+        .unwrap()
+        .success());
+    std::os::unix::fs::symlink(&target, dir.0.join("lh-0123456789abcde0.c.0")).unwrap();
+    for _ in 0..2 {
+        let mut s = within(5, listener.accept()).await.unwrap();
+        let mut b = [0u8; 1];
+        let e = within(5, s.read(&mut b)).await.unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+    // The FIFO outside was not touched; a real carrier still works.
+    assert!(target.exists());
+    let mut c = dial(&dir.url()).unwrap();
+    c.write_all(b"hi").await.unwrap();
+    let mut s = within(5, listener.accept()).await.unwrap();
+    let mut b = [0u8; 2];
+    within(5, s.read_exact(&mut b)).await.unwrap();
+    assert_eq!(&b, b"hi");
+}
+
+#[test]
+fn folder_identities_have_no_whitespace_or_options_and_round_trip() {
+    let a: FolderUrl = "dir:///media/sf_My Share/./lh/".parse().unwrap();
+    let b: FolderUrl = "dir:///media/sf_My Share/lh?poll=20ms".parse().unwrap();
+    assert_eq!(a.identity(), "dir:///media/sf_My%20Share/lh");
+    assert_eq!(a.identity(), b.identity());
+    for p in ["/a b/c\td%e", "/x/\u{2003}y\nz", "/plain/path"] {
+        let u = FolderUrl {
+            dir: p.into(),
+            poll: longhaul_carrier::folder::PollMode::Auto,
+            tls: true,
+        };
+        let id = u.identity();
+        assert!(!id.contains(char::is_whitespace), "{id}");
+        assert_eq!(FolderUrl::path_of_identity(&id).unwrap(), Path::new(p));
+    }
+    let off: FolderUrl = "dir:///srv/x?tls=off".parse().unwrap();
+    assert!(!off.tls);
+    assert_eq!(off.to_string(), "dir:///srv/x?tls=off");
+    assert!("dir:///srv/x".parse::<FolderUrl>().unwrap().tls);
+    assert!("dir:///srv/x?tls=maybe".parse::<FolderUrl>().is_err());
 }
 
 #[test]

@@ -388,7 +388,7 @@ pub(crate) fn parse_fingerprint(s: &str) -> Result<Fingerprint, String> {
 
 #[derive(Args, Debug)]
 pub struct ServerArgs {
-    /// Carrier listener: [tls://]IP:PORT, tcp://IP:PORT, ws://IP:PORT/PATH, wss://IP:PORT/PATH or dir://PATH (a shared folder). Repeatable.
+    /// Carrier listener: [tls://]IP:PORT, tcp://IP:PORT, ws://IP:PORT/PATH, wss://IP:PORT/PATH or dir://PATH (a shared folder, TLS inside; dir://PATH?tls=off with --insecure: none). Repeatable.
     #[arg(long, value_name = "URL", value_parser = parse_listen_url, required_unless_present = "stdio")]
     pub listen: Vec<Listen>,
     /// Serve one session on stdin/stdout (for cmd:// clients, e.g. over ssh). The pipe's owner authenticates.
@@ -403,7 +403,7 @@ pub struct ServerArgs {
     /// Shared secret clients may authenticate with instead of a key.
     #[arg(long, env = "LONGHAUL_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Let in clients without key or token, and allow unencrypted tcp:// and plain ws:// listeners.
+    /// Let in clients without key or token, and allow unencrypted tcp:// and plain ws:// listeners. dir:// stays TLS: a folder is unencrypted only as dir://PATH?tls=off, with --insecure.
     #[arg(long)]
     pub insecure: bool,
     /// Allow streams to HOST:PORT (HOST: IP, CIDR, name, *.suffix or *; PORT: n, a-b or *). Repeatable.
@@ -454,7 +454,7 @@ impl ServerArgs {
 
 #[derive(Args, Debug)]
 pub struct ClientArgs {
-    /// The server: [tls://]HOST:PORT, tcp://HOST:PORT, ws://HOST:PORT/PATH, wss://HOST:PORT/PATH or cmd://COMMAND.
+    /// The server: [tls://]HOST:PORT, tcp://HOST:PORT, ws://HOST:PORT/PATH, wss://HOST:PORT/PATH, cmd://COMMAND or dir://PATH (a shared folder, TLS inside).
     /// Append ?stripes=K to stripe the session over K connections (or use --stripes).
     #[arg(value_parser = parse_server_url)]
     pub server: ServerUrl,
@@ -506,9 +506,12 @@ pub struct ConnectArgs {
     /// Shared secret, if the server takes one instead of a key.
     #[arg(long, env = "LONGHAUL_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Allow an unencrypted carrier (tcp://, plain ws://).
+    /// Allow an unencrypted carrier (tcp://, plain ws://). dir:// stays TLS: a folder is unencrypted only as dir://PATH?tls=off, with --insecure.
     #[arg(long)]
     pub insecure: bool,
+    /// Over dir://, trust the key that answers first (and remember it in --known-hosts): anyone who can write the folder could answer. Without it a folder needs --pin or a known key.
+    #[arg(long)]
+    pub trust_first_use: bool,
 }
 
 #[derive(Args, Debug)]

@@ -42,5 +42,6 @@ pub(crate) fn client_config(
         .map(longhaul_forward::known_hosts::KnownHosts::new);
     cfg.token = a.token.clone().filter(|t| !t.is_empty());
     cfg.insecure = a.insecure;
+    cfg.trust_first_use = a.trust_first_use;
     Ok(cfg)
 }

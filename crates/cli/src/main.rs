@@ -261,7 +261,7 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     let _control = control(a.control.as_deref(), "server", metrics);
     if a.insecure {
         tracing::warn!(
-            "--insecure: unencrypted listeners allowed{}",
+            "--insecure: unencrypted tcp:// and ws:// listeners allowed (dir:// only where it says ?tls=off){}",
             if open {
                 ", and anyone who can connect may use this server"
             } else {

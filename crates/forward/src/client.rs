@@ -31,8 +31,13 @@ pub struct ClientConfig {
     pub pin: Option<Fingerprint>,
     /// Without a pin: trust on first use, remembered here.
     pub known_hosts: Option<KnownHosts>,
+    /// Over a folder, trust on first use only when asked (anyone who can
+    /// write the folder can answer a client's first file before the server
+    /// does); without it a folder needs `pin` or a key in `known_hosts`.
+    pub trust_first_use: bool,
     pub token: Option<String>,
-    /// Allow unencrypted carriers (tcp://, plain ws://).
+    /// Allow unencrypted carriers (tcp://, plain ws://, and a folder that
+    /// says `?tls=off`: never a folder by this alone).
     pub insecure: bool,
     pub local: Vec<ForwardSpec>,
     pub remote: Vec<ForwardSpec>,
@@ -62,6 +67,7 @@ impl ClientConfig {
             identity: None,
             pin: None,
             known_hosts: None,
+            trust_first_use: false,
             token: None,
             insecure: false,
             local: vec![],
@@ -95,7 +101,11 @@ pub(crate) async fn connect(
     let url = &config.server;
     let use_tls = match url {
         CarrierUrl::Cmd { .. } => false,
-        CarrierUrl::Dir(_) => !config.insecure,
+        // --insecure alone never takes TLS off a folder.
+        CarrierUrl::Dir(d) if !d.tls && !config.insecure => bail!(
+            "{url} is unencrypted: the token and all traffic would be written in clear into the folder; add --insecure if that is what you want, or drop ?tls=off"
+        ),
+        CarrierUrl::Dir(d) => d.tls,
         CarrierUrl::Net { transport, .. } => match transport {
             Transport::Tcp if !config.insecure => bail!(
                 "{url} is unencrypted and unauthenticated; use tls:// (the default) or pass --insecure"
@@ -108,8 +118,9 @@ pub(crate) async fn connect(
     let host = match url {
         CarrierUrl::Net { addr, .. } => addr.clone(),
         CarrierUrl::Cmd { .. } => String::new(),
-        // Remembered in known_hosts under its URL.
-        CarrierUrl::Dir(d) => d.to_string(),
+        // Remembered in known_hosts under a form without whitespace or
+        // options: one entry per folder.
+        CarrierUrl::Dir(d) => d.identity(),
     };
     let mut opts = DialOptions {
         tls: None,
@@ -125,6 +136,15 @@ pub(crate) async fn connect(
             } else {
                 tracing::warn!("no --pin and no known-hosts file: the server's key is not checked");
             }
+        }
+        if matches!(url, CarrierUrl::Dir(_))
+            && config.pin.is_none()
+            && known == Known::Unknown
+            && !config.trust_first_use
+        {
+            bail!(
+                "no key known for the folder {host}: give --pin SHA256:… (the server logs its key when it starts), or --trust-first-use to trust and remember whichever key answers first (anyone who can write the folder could)"
+            );
         }
         let expected = config.pin.or(match known {
             Known::Key(fp, _) => Some(fp),

@@ -65,6 +65,15 @@ impl KnownHosts {
 
     pub fn remember(&self, host: &str, fp: Fingerprint) -> Result<(), String> {
         let err = |e: std::io::Error| format!("cannot write {}: {e}", self.path.display());
+        // A line is HOST and key split on whitespace: a host with any would
+        // never be found again (every connection a first use).
+        if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(format!(
+                "cannot remember '{}' in {}: not a host name",
+                host.escape_debug(),
+                self.path.display()
+            ));
+        }
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(err)?;
         }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use longhaul_carrier::folder::{FolderListener, FolderUrl};
+use longhaul_carrier::folder::{Admission, FolderListener, FolderUrl};
 use longhaul_carrier::{
     accept_with_backoff, bind_listener, Carrier, Identity, ListenUrl, Transport,
 };
@@ -108,10 +108,19 @@ impl ServerConfig {
                 ));
             }
         }
-        if let (Some(f), None, false) = (self.folders.first(), &self.identity, self.auth.insecure) {
-            return Err(format!(
-                "{f} needs the server's key: --key FILE (make one with 'longhaul keygen --out FILE'), or --insecure for no TLS"
-            ));
+        for f in &self.folders {
+            // --insecure alone never takes TLS off a folder: whoever reads
+            // the share would read the token and every byte.
+            if !f.tls && !self.auth.insecure {
+                return Err(format!(
+                    "{f} is unencrypted: the token and all traffic would be written in clear into the folder; add --insecure if that is what you want, or drop ?tls=off"
+                ));
+            }
+            if f.tls && self.identity.is_none() {
+                return Err(format!(
+                    "{f} needs the server's key: --key FILE (make one with 'longhaul keygen --out FILE'); the folder stays encrypted even with --insecure"
+                ));
+            }
         }
         if self.auth.is_open() && !self.auth.insecure {
             return Err("no way to authenticate clients: give --authorized-keys FILE or --token (or LONGHAUL_TOKEN), or --insecure to let anyone in".into());
@@ -126,6 +135,9 @@ impl ServerConfig {
 pub struct Server {
     listeners: Vec<(TcpListener, ListenUrl)>,
     folders: Vec<FolderListener>,
+    /// `--max-sessions`; folder listeners take theirs before they start
+    /// anything for a carrier.
+    slots: Arc<Semaphore>,
     tls: Option<Arc<rustls::ServerConfig>>,
     config: ServerConfig,
     policy: PolicyCell,
@@ -184,10 +196,11 @@ impl Server {
                 .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {l}: {e}")))?;
             listeners.push((lst, l.clone()));
         }
+        let slots = Arc::new(Semaphore::new(config.max_sessions));
         let folders = config
             .folders
             .iter()
-            .map(FolderListener::bind)
+            .map(|f| FolderListener::bind_with_slots(f, Some(slots.clone())))
             .collect::<std::io::Result<Vec<_>>>()?;
         let policy = PolicyCell::new(Policy {
             auth: config.auth.clone(),
@@ -198,6 +211,7 @@ impl Server {
         Ok(Server {
             listeners,
             folders,
+            slots,
             tls,
             config,
             policy,
@@ -249,7 +263,7 @@ impl Server {
     pub async fn run_until(self, stop: impl std::future::Future<Output = ()>) {
         let live = self.live.clone();
         let serving = Serving {
-            slots: Arc::new(Semaphore::new(self.config.max_sessions)),
+            slots: self.slots,
             pending: Pending::new(self.config.max_pending, self.config.max_pending_per_source),
             config: Arc::new(self.config),
             policy: self.policy.clone(),
@@ -258,9 +272,10 @@ impl Server {
         };
         let mut tasks = tokio::task::JoinSet::new();
         for folder in self.folders {
-            let tls = match serving.config.auth.insecure {
-                true => None,
-                false => self.tls.clone(),
+            // Off only where the listener says ?tls=off (checked: with --insecure).
+            let tls = match folder.url().tls {
+                true => self.tls.clone(),
+                false => None,
             };
             tasks.spawn(folder_accept_loop(folder, tls, serving.clone()));
         }
@@ -489,18 +504,25 @@ async fn folder_accept_loop(
     serving: Serving,
 ) {
     loop {
-        let stream = match folder.accept().await {
+        let mut stream = match folder.accept().await {
             Ok(s) => s,
             Err(e) => return tracing::error!("{e}"),
         };
         let from = stream.peer.clone();
+        // The listener took the carrier's slot, and its place among the
+        // folder's handshakes, before it started anything for it.
+        let Admission { slot, pending } = std::mem::take(&mut stream.admission);
         // Dropping the stream removes its files.
-        let Some(permit) = serving.slot(&from) else {
+        let Some(permit) = slot.or_else(|| serving.slot(&from)) else {
             continue;
         };
         let (serving, tls) = (serving.clone(), tls.clone());
         tokio::spawn(async move {
-            let setup = longhaul_carrier::accept_folder(stream, tls);
+            let setup = async move {
+                let r = longhaul_carrier::accept_folder(stream, tls).await;
+                drop(pending);
+                r
+            };
             serving
                 .handshake_and_serve(from, None, setup, Gate::Slot(Some(permit)))
                 .await;

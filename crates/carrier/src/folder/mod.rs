@@ -32,19 +32,23 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+mod listen;
 mod pipe;
 mod read;
 pub mod record;
 mod watch;
 mod write;
 
+pub use listen::{
+    Admission, FolderListener, DECISIONS_BURST, DECISIONS_PER_SEC, KNOWN_IDS, MAX_PENDING,
+    SCAN_BATCH, SCAN_POLLING, SCAN_WATCHED, STALE_AFTER,
+};
 pub use pipe::{CORRUPT_AFTER, INBOX, OUTBOX, SEGMENT};
 pub use read::FolderRead;
 pub use watch::{PollMode, POLL_MAX, POLL_MIN, SAFETY_POLL};
@@ -52,7 +56,7 @@ pub use write::FolderWrite;
 
 use pipe::{create_segment, StreamFiles};
 use read::start_reader;
-use watch::{watch_dir, DirWatch, FileWait, Wake};
+use watch::DirWatch;
 use write::start_writer;
 
 /// A shared directory to carry sessions through: `dir://PATH[?poll=…]`.
@@ -60,9 +64,13 @@ use write::start_writer;
 pub struct FolderUrl {
     pub dir: PathBuf,
     pub poll: PollMode,
+    /// TLS inside the files (the default). Off only when the URL says
+    /// `?tls=off`: a server's or client's `--insecure` alone never turns
+    /// it off (the token would be written in clear into the folder).
+    pub tls: bool,
 }
 
-const USAGE: &str = "use dir://PATH, dir://PATH?poll=on or dir://PATH?poll=DURATION (e.g. 20ms: poll, idling at most that long)";
+const USAGE: &str = "use dir://PATH, dir://PATH?poll=on or dir://PATH?poll=DURATION (e.g. 20ms: poll, idling at most that long); &tls=off (with --insecure) for no TLS";
 
 fn parse_duration(s: &str) -> Option<Duration> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
@@ -89,34 +97,96 @@ impl std::str::FromStr for FolderUrl {
             return Err(format!("'{s}' names no directory ({USAGE})"));
         }
         let mut poll = PollMode::Auto;
+        let mut tls = true;
         for kv in query.into_iter().flat_map(|q| q.split('&')) {
-            poll = match kv.split_once('=') {
-                Some(("poll", "auto")) => PollMode::Auto,
-                Some(("poll", "on")) => PollMode::Forced(POLL_MAX),
-                Some(("poll", d)) => match parse_duration(d) {
-                    Some(d) if d >= POLL_MIN && d <= Duration::from_secs(10) => PollMode::Forced(d),
-                    _ => {
-                        return Err(format!(
-                            "poll={d}: give on, auto, or a duration from 50us to 10s ({USAGE})"
-                        ))
+            match kv.split_once('=') {
+                Some(("tls", "on")) => tls = true,
+                Some(("tls", "off")) => tls = false,
+                Some(("tls", v)) => return Err(format!("tls={v}: give on or off ({USAGE})")),
+                Some(("poll", "auto")) => poll = PollMode::Auto,
+                Some(("poll", "on")) => poll = PollMode::Forced(POLL_MAX),
+                Some(("poll", d)) => {
+                    poll = match parse_duration(d) {
+                        Some(d) if d >= POLL_MIN && d <= Duration::from_secs(10) => {
+                            PollMode::Forced(d)
+                        }
+                        _ => {
+                            return Err(format!(
+                                "poll={d}: give on, auto, or a duration from 50us to 10s ({USAGE})"
+                            ))
+                        }
                     }
-                },
+                }
                 _ => return Err(format!("unknown option '{kv}' in '{s}' ({USAGE})")),
-            };
+            }
         }
         Ok(FolderUrl {
             dir: PathBuf::from(path),
             poll,
+            tls,
         })
+    }
+}
+
+impl FolderUrl {
+    /// The folder's name in known_hosts: `dir://` and its absolute path,
+    /// with whitespace, control characters, `%` and bytes that are not
+    /// UTF-8 percent-encoded (a known_hosts line splits on whitespace), and
+    /// no options (`?poll=` does not change whose folder it is). Decoded by
+    /// [`FolderUrl::path_of_identity`].
+    pub fn identity(&self) -> String {
+        let abs = std::path::absolute(&self.dir).unwrap_or_else(|_| self.dir.clone());
+        // Lexically: no `.`, no doubled or trailing `/` (not `..`: a
+        // symbolic link may make it mean something else).
+        let abs: PathBuf = abs.components().collect();
+        let mut out = String::from("dir://");
+        let bytes = std::os::unix::ffi::OsStrExt::as_bytes(abs.as_os_str());
+        for chunk in bytes.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                if c.is_whitespace() || c.is_control() || c == '%' {
+                    let mut b = [0u8; 4];
+                    for x in c.encode_utf8(&mut b).bytes() {
+                        out.push_str(&format!("%{x:02X}"));
+                    }
+                } else {
+                    out.push(c);
+                }
+            }
+            for x in chunk.invalid() {
+                out.push_str(&format!("%{x:02X}"));
+            }
+        }
+        out
+    }
+
+    /// The path an [`identity`](FolderUrl::identity) names.
+    pub fn path_of_identity(id: &str) -> Option<PathBuf> {
+        let rest = id.strip_prefix("dir://")?.as_bytes();
+        let mut out = Vec::with_capacity(rest.len());
+        let mut i = 0;
+        while i < rest.len() {
+            if rest[i] == b'%' {
+                let hex = std::str::from_utf8(rest.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            } else {
+                out.push(rest[i]);
+                i += 1;
+            }
+        }
+        let os: std::ffi::OsString = std::os::unix::ffi::OsStringExt::from_vec(out);
+        Some(PathBuf::from(os))
     }
 }
 
 impl fmt::Display for FolderUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "dir://{}", self.dir.display())?;
-        match self.poll {
-            PollMode::Auto => Ok(()),
-            PollMode::Forced(d) => write!(f, "?poll={}us", d.as_micros()),
+        match (self.poll, self.tls) {
+            (PollMode::Auto, true) => Ok(()),
+            (PollMode::Auto, false) => write!(f, "?tls=off"),
+            (PollMode::Forced(d), true) => write!(f, "?poll={}us", d.as_micros()),
+            (PollMode::Forced(d), false) => write!(f, "?poll={}us&tls=off", d.as_micros()),
         }
     }
 }
@@ -127,6 +197,9 @@ pub struct FolderStream {
     write: FolderWrite,
     /// `dir://PATH#ID`, for logs.
     pub peer: String,
+    /// What a listener's carrier holds (its session slot, its place among
+    /// the handshakes): the server takes it over.
+    pub admission: Admission,
 }
 
 impl FolderStream {
@@ -201,6 +274,7 @@ fn start(
         read,
         write,
         peer: format!("{url}#{id}"),
+        admission: Admission::default(),
     })
 }
 
@@ -220,170 +294,4 @@ pub fn dial(url: &FolderUrl) -> io::Result<FolderStream> {
         }
     }
     Err(io::Error::other("folder carrier: no free carrier id"))
-}
-
-/// Files untouched this long are left over from a dead process (live
-/// carriers write a keepalive every few seconds): the listener removes them.
-pub const STALE_AFTER: Duration = Duration::from_secs(3600);
-/// How often the listener looks for them.
-const SWEEP_EVERY: Duration = Duration::from_secs(60);
-/// How often the listener reads the directory when no notification wakes it.
-const LISTEN_POLL: Duration = Duration::from_millis(100);
-
-/// Server side: finds carriers that clients open in the directory.
-pub struct FolderListener {
-    rx: tokio::sync::mpsc::Receiver<FolderStream>,
-    stop: Arc<AtomicBool>,
-    wake: Arc<Wake>,
-    url: FolderUrl,
-}
-
-impl FolderListener {
-    /// Starts watching `url`'s directory. Carriers whose files are already
-    /// there are an earlier run's and are ignored (a client still waiting
-    /// on one gives up after its handshake timeout and dials again).
-    pub fn bind(url: &FolderUrl) -> io::Result<FolderListener> {
-        check_dir(&url.dir)?;
-        // Fail now, not on the first client, if we cannot write here.
-        let probe = url
-            .dir
-            .join(format!("lh-probe-{:016x}", rand::random::<u64>()));
-        std::fs::write(&probe, b"").map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "folder carrier: cannot write in {} ({e})",
-                    url.dir.display()
-                ),
-            )
-        })?;
-        let _ = std::fs::remove_file(&probe);
-        let watch = DirWatch::of(&url.dir);
-        let wake = Arc::new(Wake::default());
-        let inotify = match url.poll {
-            PollMode::Auto => watch_dir(&url.dir, "").ok(),
-            PollMode::Forced(_) => None,
-        };
-        let waiter = FileWait::new(inotify, &wake)?;
-        let seen = carrier_ids(&url.dir);
-        let stop = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
-        let (u2, s2) = (url.clone(), stop.clone());
-        std::thread::Builder::new()
-            .name("lh-dir-listen".into())
-            .spawn(move || listen_loop(&u2, &watch, waiter, &s2, seen, tx))?;
-        Ok(FolderListener {
-            rx,
-            stop,
-            wake,
-            url: url.clone(),
-        })
-    }
-
-    pub fn url(&self) -> &FolderUrl {
-        &self.url
-    }
-
-    /// The next carrier a client opened.
-    pub async fn accept(&mut self) -> io::Result<FolderStream> {
-        self.rx
-            .recv()
-            .await
-            .ok_or_else(|| io::Error::other(format!("folder listener on {} stopped", self.url)))
-    }
-}
-
-impl Drop for FolderListener {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.wake.bump();
-    }
-}
-
-/// The ids of the carriers that have files in `dir`, and whether each has
-/// its client's first file (`c.0`) and the server's (`s.0`).
-fn carrier_ids(dir: &Path) -> std::collections::HashMap<String, (bool, bool)> {
-    let mut ids = std::collections::HashMap::new();
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return ids;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(key) = watch::stream_key(name) else {
-            continue;
-        };
-        let Some((id, _)) = key.split_once('.') else {
-            continue;
-        };
-        if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-            continue;
-        }
-        let entry = ids.entry(id.to_string()).or_insert((false, false));
-        entry.0 |= name.ends_with(".c.0");
-        entry.1 |= name.ends_with(".s.0");
-    }
-    ids
-}
-
-fn listen_loop(
-    url: &FolderUrl,
-    watch: &Arc<DirWatch>,
-    mut waiter: FileWait,
-    stop: &AtomicBool,
-    old: std::collections::HashMap<String, (bool, bool)>,
-    tx: tokio::sync::mpsc::Sender<FolderStream>,
-) {
-    let mut seen: std::collections::HashSet<String> = old.into_keys().collect();
-    let mut last_sweep = std::time::Instant::now();
-    sweep(&url.dir);
-    while !stop.load(Ordering::Relaxed) {
-        let now = carrier_ids(&url.dir);
-        for (id, &(client_first, answered)) in &now {
-            if seen.contains(id) || !client_first || answered {
-                continue;
-            }
-            seen.insert(id.clone());
-            let files = stream_files(url, watch, id, 's');
-            let stream = create_segment(&files, 0).and_then(|f| start(url, watch, id, 's', f));
-            match stream {
-                Ok(s) => {
-                    if tx.blocking_send(s).is_err() {
-                        return;
-                    }
-                }
-                // Another server took it first, or we cannot write: log.
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => tracing::warn!("{e}"),
-            }
-        }
-        // Ids whose files are all gone cannot come back: forget them.
-        seen.retain(|id| now.contains_key(id));
-        if last_sweep.elapsed() > SWEEP_EVERY {
-            sweep(&url.dir);
-            last_sweep = std::time::Instant::now();
-        }
-        waiter.wait(LISTEN_POLL);
-    }
-}
-
-/// Removes carrier files nobody has written for [`STALE_AFTER`].
-fn sweep(dir: &Path) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let now = SystemTime::now();
-    for e in rd.flatten() {
-        let is_ours = e.file_name().to_str().is_some_and(|n| n.starts_with("lh-"));
-        let old = e
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| now.duration_since(t).ok())
-            .is_some_and(|age| age > STALE_AFTER);
-        if is_ours && old {
-            tracing::info!(file = %e.path().display(), "removing a stale folder-carrier file");
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
 }

@@ -81,12 +81,73 @@ impl StreamFiles {
 }
 
 /// Creates segment `n` (it must not exist: another carrier's, or stale).
+/// O_EXCL never opens what is already there (a FIFO, a symbolic link).
 pub fn create_segment(files: &StreamFiles, n: u64) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
     OpenOptions::new()
         .write(true)
         .create_new(true)
+        .custom_flags(no_surprises())
         .open(files.path(n))
         .map_err(|e| files.err("cannot create", n, e))
+}
+
+/// Flags for every carrier file we open: a FIFO must not block the open,
+/// a symbolic link (to a device, a FIFO, another file) is never followed,
+/// a terminal never becomes ours.
+fn no_surprises() -> i32 {
+    use rustix::fs::OFlags;
+    (OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::NOCTTY).bits() as i32
+}
+
+/// Opens segment `n` for reading; None while it does not exist. Anyone who
+/// can write the folder can put a FIFO, a device or a symbolic link under a
+/// carrier's name: only a regular file is opened (checked before, so that
+/// a device is never opened, and after, on the descriptor, against a swap
+/// in between), without blocking and without following links.
+pub fn open_segment(files: &StreamFiles, n: u64) -> io::Result<Option<File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = files.path(n);
+    let not_regular = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "folder carrier: {} is not a regular file (a FIFO, device or symbolic link made by someone who can write the folder?): ending the carrier",
+                path.display()
+            ),
+        )
+    };
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.file_type().is_file() => {}
+        Ok(_) => return Err(not_regular()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(files.err("cannot look at", n, e)),
+    }
+    let f = match OpenOptions::new()
+        .read(true)
+        .custom_flags(no_surprises())
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        // ELOOP: it became a symbolic link; ENXIO: a socket.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENXIO)) => {
+            return Err(not_regular())
+        }
+        Err(e) => return Err(files.err("cannot open", n, e)),
+    };
+    if !f
+        .metadata()
+        .map_err(|e| files.err("cannot look at", n, e))?
+        .file_type()
+        .is_file()
+    {
+        return Err(not_regular());
+    }
+    // Blocking reads again (a FUSE server sees the flags of each read).
+    rustix::fs::fcntl_setfl(&f, rustix::fs::OFlags::empty())
+        .map_err(|e| files.err("cannot open", n, e.into()))?;
+    Ok(Some(f))
 }
 
 /// A file's size as the file system has it now: on a share whose client
@@ -95,12 +156,14 @@ pub fn create_segment(files: &StreamFiles, n: u64) -> io::Result<File> {
 /// held descriptor then reads what is new. None: the file is gone.
 pub(super) fn fresh_len(path: &Path) -> io::Result<Option<u64>> {
     use rustix::fs::{statx, AtFlags, StatxFlags, CWD};
-    match statx(CWD, path, AtFlags::STATX_FORCE_SYNC, StatxFlags::SIZE) {
+    // Never through a symbolic link: it is not a carrier file.
+    let flags = AtFlags::STATX_FORCE_SYNC | AtFlags::SYMLINK_NOFOLLOW;
+    match statx(CWD, path, flags, StatxFlags::SIZE) {
         Ok(st) => Ok(Some(st.stx_size)),
         Err(rustix::io::Errno::NOENT) => Ok(None),
         // No statx (old kernels, some sandboxes): what stat says.
         Err(rustix::io::Errno::NOSYS) | Err(rustix::io::Errno::PERM) => {
-            match std::fs::metadata(path) {
+            match std::fs::symlink_metadata(path) {
                 Ok(m) => Ok(Some(m.len())),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(e),

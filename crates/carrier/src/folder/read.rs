@@ -23,7 +23,9 @@ use bytes::{Buf, BytesMut};
 use futures_util::Stream;
 use tokio::io::{AsyncRead, ReadBuf};
 
-use super::pipe::{failure, fresh_len, lock, Failure, StreamFiles, CORRUPT_AFTER, INBOX};
+use super::pipe::{
+    failure, fresh_len, lock, open_segment, Failure, StreamFiles, CORRUPT_AFTER, INBOX,
+};
 use super::record::{self, Kind, Parsed, HEADER, MAX_PAYLOAD};
 use super::watch::{watch_dir, FileWait, FileWatch, Pacer, PollMode, Wake, POLL_MAX};
 
@@ -83,13 +85,13 @@ impl ReadCursor {
     ) -> io::Result<Step> {
         let path = self.files.path(self.seg);
         if self.file.is_none() {
-            match File::open(&path) {
-                Ok(f) => {
+            match open_segment(&self.files, self.seg)? {
+                Some(f) => {
                     // Before the first read: no append after it goes unseen.
                     follow(&path);
                     self.file = Some(f);
                 }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                None => {
                     if !self.files.dir.is_dir() {
                         return Err(io::Error::new(
                             io::ErrorKind::NotFound,
@@ -101,7 +103,6 @@ impl ReadCursor {
                     }
                     return Ok(Step::Nothing);
                 }
-                Err(e) => return Err(self.files.err("cannot open", self.seg, e)),
             }
         }
         if polling {

@@ -12,6 +12,7 @@
 //! a few every thread on that folder polls instead.
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
@@ -59,14 +60,6 @@ pub struct DirWatch {
     /// Changes were seen here without notifications: every thread on this
     /// folder polls from now on (and writes are not made inline).
     pub missed: AtomicBool,
-}
-
-/// The stream a file belongs to: `<id>.<c|s>` of a file `lh-<id>.<c|s>.<n>`
-/// (one direction of one carrier).
-pub fn stream_key(name: &str) -> Option<&str> {
-    let rest = name.strip_prefix("lh-")?;
-    let (key, _) = rest.rsplit_once('.')?;
-    Some(key)
 }
 
 impl DirWatch {
@@ -207,7 +200,22 @@ pub struct FileWait {
     events: mio::Events,
     watch: Option<(inotify::Inotify, FileWatch)>,
     buf: Vec<u8>,
+    /// Events were left queued by the last [`FileWait::wait_names`]: the
+    /// next one reads them before it sleeps (edge-triggered: no new wake).
+    backlog: bool,
 }
+
+/// How a [`FileWait::wait_names`] ended.
+#[derive(Default)]
+pub struct Woken {
+    /// The kernel dropped events (its queue was full): names were lost.
+    pub overflowed: bool,
+}
+
+/// Reads of queued events per [`FileWait::wait_names`] (each read takes
+/// up to 4 KiB, ≈ 100 names): a flood of new files is taken in bounded
+/// portions.
+const NAME_READS: usize = 16;
 
 const INOTIFY: mio::Token = mio::Token(0);
 const WAKER: mio::Token = mio::Token(1);
@@ -236,6 +244,7 @@ impl FileWait {
             events: mio::Events::with_capacity(4),
             watch,
             buf: vec![0u8; 4096],
+            backlog: false,
         })
     }
 
@@ -258,6 +267,40 @@ impl FileWait {
             None => false,
         };
         woke || ours
+    }
+}
+
+impl FileWait {
+    /// Sleeps until files are created in (or moved into) the folder, the
+    /// wake is bumped, or the timeout, and hands each new file's name to
+    /// `found`: the folder is never read for them.
+    pub fn wait_names(&mut self, timeout: Duration, found: &mut dyn FnMut(&OsStr)) -> Woken {
+        let mut woken = Woken::default();
+        if !self.backlog {
+            let _ = self.poll.poll(&mut self.events, Some(timeout));
+        }
+        self.backlog = false;
+        let Some((ino, _)) = &mut self.watch else {
+            return woken;
+        };
+        for _ in 0..NAME_READS {
+            let Ok(evs) = ino.read_events(&mut self.buf) else {
+                return woken;
+            };
+            let mut any = false;
+            for e in evs {
+                any = true;
+                woken.overflowed |= e.mask.contains(inotify::EventMask::Q_OVERFLOW);
+                if let Some(n) = e.name {
+                    found(n);
+                }
+            }
+            if !any {
+                return woken;
+            }
+        }
+        self.backlog = true;
+        woken
     }
 }
 

@@ -118,12 +118,15 @@ pub fn start_writer(files: StreamFiles, first: File) -> io::Result<FolderWrite> 
             // a reader that never comes (a dead or forged peer) must not
             // leave it behind. A stream that carried nothing but its END (a
             // carrier refused at once) has nothing to wait for.
-            let carried = lock(&s2.file).seq > 1;
+            let (carried, seg) = {
+                let fs = lock(&s2.file);
+                (fs.seq > 1, fs.seg)
+            };
             if clean && carried {
                 linger(&s2);
             }
             drop(s2);
-            remove_stream(&files);
+            remove_stream(&files, seg);
         })?;
     Ok(FolderWrite { sh })
 }
@@ -147,18 +150,13 @@ fn linger(sh: &WriterShared) {
     }
 }
 
-/// Removes whatever segments of a stream are left.
-fn remove_stream(files: &StreamFiles) {
-    let prefix = format!("lh-{}.", files.key);
-    if let Ok(rd) = std::fs::read_dir(&files.dir) {
-        for e in rd.flatten() {
-            if e.file_name()
-                .to_str()
-                .is_some_and(|n| n.starts_with(&prefix))
-            {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
+/// Removes whatever segments of a stream are left: the one it was on
+/// (`seg`), the one before (its reader may not have taken it) and the one
+/// after (made just before a failure). By name: the folder may hold any
+/// number of other files, and is not read.
+fn remove_stream(files: &StreamFiles, seg: u64) {
+    for n in seg.saturating_sub(1)..=seg + 1 {
+        let _ = std::fs::remove_file(files.path(n));
     }
 }
 
