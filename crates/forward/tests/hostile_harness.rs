@@ -56,6 +56,12 @@ struct Peer {
     /// Our id of each stream opened, with the server's id and its window
     /// once known.
     streams: Vec<(u32, Option<(u32, u64)>)>,
+    /// Per stream: 1 once we sent EOF, 2 once we sent CLOSE.
+    ended: Vec<u8>,
+    /// Keep to the rules (no frame for a stream we ended, credit only for
+    /// live streams), so that a random run lasts; named patterns break
+    /// them on purpose.
+    lawful: bool,
 }
 
 impl Peer {
@@ -109,6 +115,21 @@ impl Peer {
             .flatten()
     }
 
+    /// Whether a lawful peer may still send `level` (1: data or EOF, 2:
+    /// CLOSE) on the `i`-th stream, and marks it when sending ends it.
+    fn may(&mut self, i: usize, level: u8, ends: u8) -> bool {
+        let n = self.streams.len();
+        if n == 0 {
+            return false;
+        }
+        let k = i % n;
+        if self.lawful && self.ended[k] >= level {
+            return false;
+        }
+        self.ended[k] = self.ended[k].max(ends);
+        true
+    }
+
     /// Runs one step; false once the session is gone.
     async fn step(&mut self, step: Step, targets: &[SocketAddr; 3]) -> bool {
         if !self.absorb() {
@@ -119,6 +140,7 @@ impl Peer {
                 let sender = self.next_sender;
                 self.next_sender += 1;
                 self.streams.push((sender, None));
+                self.ended.push(0);
                 let open = Frame::Open {
                     sender,
                     window: 1 << 20,
@@ -131,6 +153,9 @@ impl Peer {
                 let Some(recipient) = self.remote(i) else {
                     return true;
                 };
+                if !self.may(i, 1, 0) {
+                    return true;
+                }
                 let k = i % self.streams.len();
                 let credit = self.streams[k].1.map_or(0, |x| x.1) as usize;
                 let n = n.min(credit);
@@ -151,15 +176,29 @@ impl Peer {
                 self.s.write_all(&out).await.is_ok()
             }
             Step::Close(i) => match self.remote(i) {
-                Some(recipient) => self.send(&Frame::Close { recipient }).await,
-                None => true,
+                Some(recipient) if self.may(i, 2, 2) => {
+                    self.send(&Frame::Close { recipient }).await
+                }
+                _ => true,
             },
             Step::Eof(i) => match self.remote(i) {
-                Some(recipient) => self.send(&Frame::Eof { recipient }).await,
-                None => true,
+                Some(recipient) if self.may(i, 1, 1) => self.send(&Frame::Eof { recipient }).await,
+                _ => true,
             },
             Step::Adjust { i, increment } => {
-                let recipient = self.remote(i).unwrap_or(i as u32);
+                let live = self.remote(i).filter(|_| {
+                    let k = i % self.streams.len().max(1);
+                    self.ended.get(k).is_some_and(|&e| e < 2)
+                });
+                if self.lawful && live.is_none() {
+                    return true;
+                }
+                let increment = if self.lawful {
+                    increment % (1 << 20)
+                } else {
+                    increment
+                };
+                let recipient = live.unwrap_or(i as u32);
                 self.send(&Frame::WindowAdjust {
                     recipient,
                     increment,
@@ -318,14 +357,14 @@ async fn hostile_patterns_stay_within_the_bounds() {
     };
     let server = start_server_with(rules, BindRules::default(), cfg).await;
     let base_rss = status_bytes("VmRSS:");
-    let mut runs: Vec<(String, Vec<Step>)> = named()
+    let mut runs: Vec<(String, Vec<Step>, bool)> = named()
         .into_iter()
-        .map(|(n, s)| (n.to_string(), s))
+        .map(|(n, s)| (n.to_string(), s, false))
         .collect();
     for seed in 0..6 {
-        runs.push((format!("random seed {seed}"), random(seed)));
+        runs.push((format!("random seed {seed}"), random(seed), true));
     }
-    for (name, steps) in runs {
+    for (name, steps, lawful) in runs {
         // Per run: the target that never reads keeps what it accepted.
         let base_fds = open_fds();
         let mut p = Peer {
@@ -333,6 +372,8 @@ async fn hostile_patterns_stay_within_the_bounds() {
             buf: BytesMut::new(),
             next_sender: 1,
             streams: vec![],
+            ended: vec![],
+            lawful,
         };
         let mut alive = true;
         for step in steps {
