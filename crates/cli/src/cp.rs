@@ -94,7 +94,7 @@ pub(crate) async fn run(a: CpArgs) -> anyhow::Result<()> {
         .await;
     let summary = summary?;
     for e in &summary.errors {
-        eprintln!("longhaul: {e}");
+        eprintln!("longhaul: {}", crate::terminal_safe(e));
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&summary)?);

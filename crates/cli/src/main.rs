@@ -97,7 +97,9 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli.cmd)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("longhaul: {e:#}");
+            // An error may quote what a server sent (cp's messages, paths):
+            // its control characters are shown, never sent to the terminal.
+            eprintln!("longhaul: {}", terminal_safe(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }
@@ -532,4 +534,23 @@ fn netem(n: NetemArgs) -> anyhow::Result<()> {
             ne::daemon(cfg)
         }
     }
+}
+
+/// `s` with control characters, Unicode line separators and bidirectional
+/// overrides escaped (`\u{1b}`), for a terminal: text a peer chose cannot
+/// drive it (scp's CVE-2019-6109). Nothing is cut.
+pub(crate) fn terminal_safe(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let unsafe_char = c.is_control()
+                || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+            let mut out = String::new();
+            if unsafe_char {
+                out.extend(c.escape_debug());
+            } else {
+                out.push(c);
+            }
+            out.chars().collect::<Vec<_>>()
+        })
+        .collect()
 }

@@ -464,14 +464,45 @@ fn downloads_never_write_through_links_in_the_destination() {
     assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
     assert_eq!(count(&other), 0, "wrote through a link: {:?}", other);
 
-    // The folder the copy is named after, a link.
+    // The folder the copy is named after, a link of another user's (one
+    // planted first in a shared place): refused.
     let dest2 = f.dir.join("dest2");
     std::fs::create_dir_all(&dest2).unwrap();
     std::os::unix::fs::symlink(&other, dest2.join("tree")).unwrap();
-    let out = f.cp("ro", &["-r", &f.at("/tree"), dest2.to_str().unwrap()]);
-    assert!(!out.status.success());
-    assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
-    assert_eq!(count(&other), 0, "wrote through a link");
+    if std::os::unix::fs::lchown(dest2.join("tree"), Some(65534), Some(65534)).is_ok() {
+        let out = f.cp("ro", &["-r", &f.at("/tree"), dest2.to_str().unwrap()]);
+        assert!(!out.status.success());
+        assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
+        assert_eq!(count(&other), 0, "wrote through a link");
+    }
+    // The user's own link there (`~/photos -> /mnt/big/photos`) is the
+    // user's choice, as with cp and scp: the copy goes where it points.
+    let dest4 = f.dir.join("dest4");
+    let mine = f.dir.join("mine");
+    std::fs::create_dir_all(&dest4).unwrap();
+    std::fs::create_dir_all(&mine).unwrap();
+    std::os::unix::fs::symlink(&mine, dest4.join("tree")).unwrap();
+    let out = f.cp("ro", &["-r", &f.at("/tree"), dest4.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read(mine.join("sub/file.txt")).unwrap(),
+        b"payload"
+    );
+    // A folder the copy makes is never wider than its source could be.
+    assert_eq!(mode(&mine.join("sub")), 0o700);
+    // A folder of that name another user made first (in /tmp, say): refused.
+    let dest5 = f.dir.join("dest5");
+    std::fs::create_dir_all(dest5.join("tree")).unwrap();
+    if std::os::unix::fs::chown(dest5.join("tree"), Some(65534), Some(65534)).is_ok() {
+        let out = f.cp("ro", &["-r", &f.at("/tree"), dest5.to_str().unwrap()]);
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("belongs to another user"),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(count(&dest5.join("tree")), 0);
+    }
 
     // Swapped while the copy runs: a/big.bin first (one file at a time),
     // then b/small.txt, whose folder is by then a link to elsewhere.

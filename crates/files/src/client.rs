@@ -2,7 +2,7 @@
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -235,17 +235,30 @@ impl Conn {
         src: &Path,
         dest: &[u8],
         into: &[u8],
+        found: Option<(u64, u64)>,
         c: &Counters,
     ) -> anyhow::Result<Copied> {
         // O_NONBLOCK: a FIFO swapped in since the plan cannot block us.
+        // A file found inside a folder: no link followed, and still the
+        // file that was found there.
+        let mut flags = OFlags::NONBLOCK | OFlags::NOCTTY;
+        if found.is_some() {
+            flags |= OFlags::NOFOLLOW;
+        }
         let file = OpenOptions::new()
             .read(true)
-            .custom_flags((OFlags::NONBLOCK | OFlags::NOCTTY).bits() as i32)
+            .custom_flags(flags.bits() as i32)
             .open(src)
             .with_context(|| format!("cannot open {}", src.display()))?;
         let meta = file.metadata()?;
         if !meta.is_file() {
             bail!("{}: not a regular file", src.display());
+        }
+        if found.is_some_and(|f| f != (meta.dev(), meta.ino())) {
+            bail!(
+                "{} changed since the folder was read: not sent",
+                src.display()
+            );
         }
         let version = Version::of(&file)?;
         let mode = meta.permissions().mode();

@@ -88,11 +88,14 @@ pub fn open_beneath(
     let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let mut at = rustix::fs::openat(base, ".", flags, Mode::empty())?;
     let mut path = PathBuf::new();
-    for c in comps {
+    let me = rustix::process::geteuid().as_raw();
+    for (depth, c) in comps.iter().enumerate() {
         let name = OsStr::from_bytes(c);
         path.push(name);
         if create {
-            match rustix::fs::mkdirat(&at, name, Mode::from_raw_mode(0o777)) {
+            // 0700: a folder's mode is not carried by the copy, and a new
+            // one must never be wider than its source was.
+            match rustix::fs::mkdirat(&at, name, Mode::from_raw_mode(0o700)) {
                 Ok(()) | Err(Errno::EXIST) => {}
                 Err(e) => {
                     return Err(anyhow!("cannot make {}: {e}", where_(shown, &path)));
@@ -104,7 +107,22 @@ pub fn open_beneath(
             rustix::fs::statat(at, name, AtFlags::SYMLINK_NOFOLLOW)
                 .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink)
         };
-        at = rustix::fs::openat(&at, name, flags, Mode::empty()).map_err(|e| match e {
+        // The folder named like the copied one may be the user's own link
+        // to a folder of their own (`~/photos -> /mnt/big/photos`), as cp
+        // and scp allow; deeper links never.
+        let own_link = |at: &OwnedFd| {
+            depth == 0
+                && rustix::fs::statat(at, name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
+                    FileType::from_raw_mode(st.st_mode) == FileType::Symlink && st.st_uid == me
+                })
+        };
+        let next = match rustix::fs::openat(&at, name, flags, Mode::empty()) {
+            Err(Errno::LOOP | Errno::NOTDIR) if own_link(&at) => {
+                rustix::fs::openat(&at, name, flags - OFlags::NOFOLLOW, Mode::empty())
+            }
+            r => r,
+        };
+        at = next.map_err(|e| match e {
             Errno::LOOP | Errno::NOTDIR if is_link(&at) => anyhow!(
                 "{} is a symbolic link: refused (a download never writes through one; \
                  copy to the folder it points to instead)",
@@ -113,6 +131,17 @@ pub fn open_beneath(
             Errno::NOTDIR => anyhow!("{} is not a folder", where_(shown, &path)),
             e => anyhow!("cannot open {}: {e}", where_(shown, &path)),
         })?;
+        // A folder another user made (first, in a shared place like /tmp)
+        // is theirs to read and change: never copied into.
+        if create {
+            let st = rustix::fs::fstat(&at)?;
+            if st.st_uid != me && st.st_uid != 0 {
+                return Err(anyhow!(
+                    "{} belongs to another user: refused (copy into a folder of your own)",
+                    where_(shown, &path)
+                ));
+            }
+        }
     }
     Ok(at)
 }

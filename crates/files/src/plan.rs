@@ -7,7 +7,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use std::os::fd::OwnedFd;
+
 use anyhow::{anyhow, bail, Context};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use crate::client::{Conn, Copied, Counters, Remote};
 use crate::local::{self, LocalDest};
@@ -54,6 +57,11 @@ pub enum Task {
         /// If `dest` is a folder, the name in it (empty: `dest` is the file).
         into: Vec<u8>,
         size: u64,
+        /// For a file found inside a folder: its (device, inode) when the
+        /// folder was read. The upload opens it without following a link
+        /// and sends it only if it is still that file (a local user who
+        /// can write the tree cannot swap in a link to a secret).
+        found: Option<(u64, u64)>,
     },
     Get {
         src: Vec<u8>,
@@ -115,6 +123,7 @@ pub fn plan_upload(
                 dest,
                 into,
                 size: meta.len(),
+                found: None,
             }]);
         }
     }
@@ -141,13 +150,19 @@ pub fn plan_upload(
                 dest: target,
                 into: vec![],
                 size: meta.len(),
+                found: None,
             });
         } else if meta.is_dir() {
             if !recursive {
                 bail!("{} is a folder: add -r to copy folders", src.display());
             }
             conn.mkdir(&target)?;
-            walk_local(conn, src, &target, &mut tasks)?;
+            // The folder the user named, as named (a link to it is theirs);
+            // beneath it, nothing through a link.
+            let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
+            let top = rustix::fs::openat(rustix::fs::CWD, src, flags, Mode::empty())
+                .with_context(|| format!("{}", src.display()))?;
+            walk_local(conn, &top, src, &target, &mut tasks)?;
         } else {
             bail!("{}: not a file or folder", src.display());
         }
@@ -157,34 +172,57 @@ pub fn plan_upload(
 
 fn walk_local(
     conn: &mut Conn,
+    dir_fd: &OwnedFd,
     dir: &Path,
     remote: &[u8],
     tasks: &mut Vec<Task>,
 ) -> anyhow::Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("{}", dir.display()))?
-        .collect::<Result<_, _>>()?;
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        let path = e.path();
+    // Read through the folder's descriptor, each subfolder opened from it
+    // without following a link: a folder swapped for a link while the tree
+    // is read is refused, never listed.
+    let mut names: Vec<Vec<u8>> = vec![];
+    let mut d = rustix::fs::Dir::read_from(dir_fd).with_context(|| format!("{}", dir.display()))?;
+    while let Some(e) = d.read() {
+        let name = e
+            .with_context(|| format!("{}", dir.display()))?
+            .file_name()
+            .to_bytes()
+            .to_vec();
+        if name != b"." && name != b".." {
+            names.push(name);
+        }
+    }
+    names.sort();
+    for name in names {
+        let os = OsStr::from_bytes(&name);
+        let path = dir.join(os);
         // A download's partial copies, left by one interrupted here.
-        if e.file_name() == PART_DIR {
+        if os == PART_DIR {
             continue;
         }
-        let target = join(remote, e.file_name().as_bytes());
-        let ft = e.file_type()?;
-        if ft.is_dir() {
-            conn.mkdir(&target)?;
-            walk_local(conn, &path, &target, tasks)?;
-        } else if ft.is_file() {
-            tasks.push(Task::Put {
-                size: e.metadata()?.len(),
+        let target = join(remote, &name);
+        let st = rustix::fs::statat(dir_fd, os, AtFlags::SYMLINK_NOFOLLOW)
+            .with_context(|| format!("{}", path.display()))?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => {
+                let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                let sub = rustix::fs::openat(dir_fd, os, flags, Mode::empty())
+                    .with_context(|| format!("{} changed while it was read", path.display()))?;
+                let now = rustix::fs::fstat(&sub)?;
+                if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
+                    bail!("{} changed while it was read", path.display());
+                }
+                conn.mkdir(&target)?;
+                walk_local(conn, &sub, &path, &target, tasks)?;
+            }
+            FileType::RegularFile => tasks.push(Task::Put {
+                size: st.st_size as u64,
                 src: path,
                 dest: target,
                 into: vec![],
-            });
-        } else {
-            tracing::warn!("skipping {} (not a file or folder)", path.display());
+                found: Some((st.st_dev as u64, st.st_ino as u64)),
+            }),
+            _ => tracing::warn!("skipping {} (not a file or folder)", path.display()),
         }
     }
     Ok(())
@@ -303,8 +341,12 @@ pub fn run(
                 Ok(mut c) => {
                     let r = match &task {
                         Task::Put {
-                            src, dest, into, ..
-                        } => c.put(src, dest, into, counters),
+                            src,
+                            dest,
+                            into,
+                            found,
+                            ..
+                        } => c.put(src, dest, into, *found, counters),
                         Task::Get { src, dest, .. } => c.get(src, dest, counters),
                     };
                     (r, Some(c))

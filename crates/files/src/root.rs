@@ -203,7 +203,9 @@ impl Root {
             let parent = self
                 .open_at(&at, OFlags::DIRECTORY | OFlags::RDONLY)
                 .map_err(|e| Refusal::io("open folder", e))?;
-            match rustix::fs::mkdirat(&parent, OsStr::from_bytes(c), Mode::from_raw_mode(0o755)) {
+            // 0700: a folder's mode is not carried by the copy, and a new
+            // one must never be wider than its source was.
+            match rustix::fs::mkdirat(&parent, OsStr::from_bytes(c), Mode::from_raw_mode(0o700)) {
                 Ok(()) | Err(Errno::EXIST) => {}
                 Err(e) => return Err(Refusal::io("make folder", e)),
             }

@@ -11,7 +11,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use longhaul_session::logs::{escaped, shown, Refusals};
+use longhaul_session::logs::{escaped, shown, Refusals, Throttle};
+
+/// Lines about transfers that went well, for the whole process: a client
+/// asking for many empty files cannot fill the disk with them.
+static TRANSFERS: Throttle = Throttle::new();
 use longhaul_session::{LocalStream, ServicePipe};
 use rustix::fs::{AtFlags, FlockOperation, OFlags};
 
@@ -240,7 +244,9 @@ impl FileServer {
         c.send(&b)?;
         match send_file(&mut c.out, &file, start, version, hasher, &none) {
             Ok(_) => {
-                tracing::info!(%peer, path = %shown(&show(rel)), bytes = version.size - start, from = start, "file sent");
+                if TRANSFERS.pass("completed transfers") {
+                    tracing::info!(%peer, path = %shown(&show(rel)), bytes = version.size - start, from = start, "file sent");
+                }
                 Ok(())
             }
             // Said in the trailer; the stream goes on.
@@ -269,7 +275,8 @@ impl FileServer {
         }
         let part = Part::open(dir, name).map_err(|e| {
             if e.kind() == std::io::ErrorKind::PermissionDenied {
-                tracing::warn!(%peer, path = %show(rel), "partial upload refused: {e}");
+                let (path, why) = (escaped(show(rel)), escaped(&e));
+                tracing::warn!(%peer, %path, "partial upload refused: {why}");
             }
             other(e)
         })?;
@@ -303,7 +310,9 @@ impl FileServer {
         match receive_file(&mut c.input, file, start, size, hasher, &none) {
             Ok(_) => {
                 part.finish(mode).map_err(other)?;
-                tracing::info!(%peer, path = %shown(&show(rel)), bytes = size - start, from = start, "file received");
+                if TRANSFERS.pass("completed transfers") {
+                    tracing::info!(%peer, path = %shown(&show(rel)), bytes = size - start, from = start, "file received");
+                }
                 c.send(&[0])
             }
             // The connection went: keep the verified part for a resume.
@@ -332,7 +341,9 @@ impl FileServer {
             return Ok(());
         }
         if let Some((_, old)) = self.writers().get(path) {
-            tracing::info!(%peer, path = %shown(path), "a new upload of this file ends the earlier one");
+            if TRANSFERS.pass("completed transfers") {
+                tracing::info!(%peer, path = %shown(path), "a new upload of this file ends the earlier one");
+            }
             old.shutdown(true);
         }
         let deadline = std::time::Instant::now() + TAKEOVER_WAIT;

@@ -348,7 +348,8 @@ impl Listening {
             }
         }
         for p in stale {
-            tracing::info!(file = %p.display(), "removing a stale folder-carrier file");
+            // Debug formatting: a name a folder writer chose, escaped.
+            tracing::info!(file = ?p, "removing a stale folder-carrier file");
             let _ = std::fs::remove_file(p);
         }
         batch
@@ -401,7 +402,13 @@ impl Listening {
                 }
             },
         };
-        let seq = queued.unwrap_or(0);
+        // Found by reading the folder (a share without notifications): in
+        // the order found, so that a later carrier can still end an earlier
+        // one that never finishes.
+        let seq = queued.unwrap_or_else(|| {
+            self.appeared += 1;
+            self.appeared
+        });
         if !self.make_room(seq) {
             let why = format!("{MAX_PENDING} carriers of this folder are in their handshake");
             self.refuse(id, &why);
