@@ -23,6 +23,7 @@ mod reconnect;
 pub mod rules;
 pub mod server;
 mod server_acceptor;
+mod server_session;
 pub mod socks5;
 pub mod spec;
 pub mod status;

@@ -10,16 +10,16 @@ use longhaul_carrier::folder::{Admission, FolderListener, FolderUrl};
 use longhaul_carrier::{
     accept_with_backoff, bind_listener, Carrier, Identity, ListenUrl, Transport,
 };
-use longhaul_session::{Resumables, Served, Session, SessionConfig, SessionHandle};
+use longhaul_session::{Resumables, SessionConfig, SessionHandle};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::auth::{read_preamble, Authenticated, ServerAuth};
+use crate::auth::ServerAuth;
 use crate::metrics::{Metrics, Refusal};
 use crate::pending::Pending;
 use crate::policy::{Policy, PolicyCell, Who};
 use crate::rules::{BindRules, Rules};
-use crate::server_acceptor::ServerAcceptor;
+use crate::server_session::{authenticate, run_session, serve_carrier, Ends};
 use longhaul_files::serve::FileServer;
 use longhaul_files::Access;
 
@@ -333,13 +333,13 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// The sessions a server is running, so that shutdown can close them
 /// (and a reload end those it no longer admits).
 #[derive(Clone, Default)]
-struct Live(Arc<std::sync::Mutex<LiveTable>>);
+pub(crate) struct Live(Arc<std::sync::Mutex<LiveTable>>);
 
 /// The last id given, and each session with who it was admitted as.
 type LiveTable = (u64, HashMap<u64, (SessionHandle, Who)>);
 
 impl Live {
-    fn add(&self, h: SessionHandle, who: Who) -> u64 {
+    pub(crate) fn add(&self, h: SessionHandle, who: Who) -> u64 {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         g.0 += 1;
         let id = g.0;
@@ -352,7 +352,7 @@ impl Live {
         g.1.values().cloned().collect()
     }
 
-    fn remove(&self, id: u64) {
+    pub(crate) fn remove(&self, id: u64) {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -369,7 +369,7 @@ impl Live {
 /// What every accept loop shares: the configuration, the session slots,
 /// the live sessions and the resumable ones.
 #[derive(Clone)]
-struct Serving {
+pub(crate) struct Serving {
     config: Arc<ServerConfig>,
     policy: PolicyCell,
     slots: Arc<Semaphore>,
@@ -380,7 +380,10 @@ struct Serving {
 
 impl Serving {
     /// A slot under `--max-sessions` for a new carrier, or a log line.
-    fn slot(&self, from: &dyn std::fmt::Display) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    pub(crate) fn slot(
+        &self,
+        from: &dyn std::fmt::Display,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
         let permit = self.slots.clone().try_acquire_owned().ok();
         if permit.is_none() {
             self.config.metrics.refused(Refusal::SessionLimit);
@@ -527,142 +530,5 @@ async fn folder_accept_loop(
                 .handshake_and_serve(from, None, setup, Gate::Slot(Some(permit)))
                 .await;
         });
-    }
-}
-
-/// A TCP carrier's two ends: where its client is, and our address it came
-/// in on (for the doctor's direct measurement). None for stdio and folders.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Ends {
-    pub client: std::net::SocketAddr,
-    pub local: std::net::SocketAddr,
-}
-
-/// Authenticates a carrier and runs its session to the end.
-async fn serve_carrier(
-    mut carrier: Carrier,
-    key: Option<longhaul_carrier::Fingerprint>,
-    from: String,
-    config: Arc<ServerConfig>,
-    policy: &PolicyCell,
-    // None for the trusted pipe of `--stdio`, whose owner authenticated
-    // the peer; the server's table of sessions otherwise.
-    live: Option<&Live>,
-    resumables: &Arc<Resumables>,
-) -> Result<String, String> {
-    let deadline = tokio::time::Instant::now() + config.session.handshake_timeout;
-    let who = authenticate(&mut carrier, key, &config, policy, live.is_some(), deadline).await?;
-    let named = (from, None);
-    run_session(
-        carrier, key, who, named, config, policy, live, resumables, None,
-    )
-    .await
-}
-
-/// Reads the preamble and decides who the peer is (`checked`: false for
-/// the trusted pipe of `--stdio`, whose peer is anonymous).
-async fn authenticate(
-    carrier: &mut Carrier,
-    key: Option<longhaul_carrier::Fingerprint>,
-    config: &ServerConfig,
-    policy: &PolicyCell,
-    checked: bool,
-    // Shared with the carrier's own handshake: one limit for both.
-    deadline: tokio::time::Instant,
-) -> Result<Authenticated, String> {
-    // Native clients send the preamble (even over a trusted pipe); JMUX
-    // peers have none and can only authenticate by key.
-    let token = if config.session.mode == longhaul_session::Mode::Native {
-        let limit = config.session.handshake_timeout;
-        match tokio::time::timeout_at(deadline, read_preamble(&mut carrier.reader)).await {
-            Ok(Ok(t)) => Some(t),
-            Ok(Err(e)) => {
-                config.metrics.refused(Refusal::Handshake);
-                return Err(format!("refused carrier: {e}"));
-            }
-            Err(_) => {
-                config.metrics.refused(Refusal::Handshake);
-                return Err(format!(
-                    "refused carrier: no authentication within {limit:?}"
-                ));
-            }
-        }
-    } else {
-        None
-    };
-    if !checked {
-        return Ok(Authenticated::Anonymous);
-    }
-    policy
-        .current()
-        .auth
-        .decide(key, token.as_deref())
-        .map_err(|e| {
-            config.metrics.refused(Refusal::NotAuthenticated);
-            format!("refused carrier: not authenticated: {e}")
-        })
-}
-
-/// Runs an authenticated carrier's session (new, resumed or joined).
-#[allow(clippy::too_many_arguments)]
-async fn run_session(
-    carrier: Carrier,
-    key: Option<longhaul_carrier::Fingerprint>,
-    who: Authenticated,
-    // Its name for the log, and its TCP ends if it has them.
-    (from, ends): (String, Option<Ends>),
-    config: Arc<ServerConfig>,
-    policy: &PolicyCell,
-    live: Option<&Live>,
-    resumables: &Arc<Resumables>,
-    // Where a new session takes its slot under --max-sessions (None: the
-    // carrier holds one already, or is the trusted pipe).
-    slots: Option<&Serving>,
-) -> Result<String, String> {
-    let mut acceptor = ServerAcceptor::new(&config, policy, &who, from.clone(), ends);
-    if live.is_none() {
-        acceptor.who = Who::Pipe;
-    }
-    let acceptor = Arc::new(acceptor);
-    // A resume must come from the same identity as the session's start:
-    // the same authorized key, or for token and --insecure carriers the
-    // same TLS client key (or none).
-    let identity = match (&who, key) {
-        (Authenticated::Key(fp, _), _) => format!("key {fp}"),
-        (_, Some(fp)) => format!("{} with key {fp}", who.who()),
-        (_, None) => who.who(),
-    };
-    let served = Session::serve(
-        carrier,
-        config.session.clone(),
-        acceptor,
-        resumables,
-        identity,
-    )
-    .await;
-    match served {
-        Ok(Served::New(h)) => {
-            let _permit = match slots.map(|s| s.slot(&from)) {
-                Some(None) => {
-                    h.close("session limit reached (--max-sessions)");
-                    return Err("session refused: session limit reached".into());
-                }
-                Some(Some(p)) => Some(p),
-                None => None,
-            };
-            tracing::info!(%from, who = %who.who(), resumable = h.is_resumable(), "session started");
-            let id = live.map(|l| l.add(h.clone(), Who::from(&who)));
-            let _tracked = config.metrics.track(&from, &h);
-            // A detached session keeps this task, and so its slot under
-            // --max-sessions, until it ends.
-            let why = h.closed().await;
-            if let (Some(l), Some(id)) = (live, id) {
-                l.remove(id);
-            }
-            Ok(format!("session ended: {why}"))
-        }
-        Ok(Served::Resumed(_)) => Ok("carrier handed to the session it resumed".into()),
-        Ok(Served::Joined(_)) => Ok("carrier added as a lane of a striped session".into()),
-        Err(e) => Err(format!("session refused: {e}")),
     }
 }
