@@ -6,7 +6,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,25 +91,6 @@ fn run_bounded(args: &[&str], secs: u64) -> Option<Output> {
         stdout: vec![],
         stderr: stderr.into_bytes(),
     })
-}
-
-fn echo_target() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            std::thread::spawn(move || {
-                let mut b = [0u8; 4096];
-                while let Ok(n) = s.read(&mut b) {
-                    if n == 0 || s.write_all(&b[..n]).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    port
 }
 
 #[test]

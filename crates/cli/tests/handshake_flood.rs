@@ -6,29 +6,10 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use common::*;
-
-fn echo_target() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            std::thread::spawn(move || {
-                let mut b = [0u8; 4096];
-                while let Ok(n) = s.read(&mut b) {
-                    if n == 0 || s.write_all(&b[..n]).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
 
 /// A connection from `from` (another loopback address than the client's)
 /// that sends nothing, or the first bytes of a TLS ClientHello.

@@ -9,26 +9,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// An echo target on a thread per connection.
-fn echo_target() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            std::thread::spawn(move || {
-                let mut b = [0u8; 4096];
-                while let Ok(n) = s.read(&mut b) {
-                    if n == 0 || s.write_all(&b[..n]).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
 fn wait_exit(k: &mut Kill, secs: u64) -> std::process::ExitStatus {
     let t = Instant::now();
     loop {

@@ -136,3 +136,23 @@ pub fn keygen(path: &std::path::Path) -> String {
     assert!(out.status.success());
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
+
+/// An echo target on a thread per connection; its port.
+pub fn echo_target() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let mut b = [0u8; 4096];
+                while let Ok(n) = std::io::Read::read(&mut s, &mut b) {
+                    if n == 0 || std::io::Write::write_all(&mut s, &b[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
