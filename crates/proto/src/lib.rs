@@ -18,7 +18,9 @@
 //!   events and deadlines out.
 //! * [`link`] — the link layer under the multiplexer: byte sequence
 //!   numbers, cumulative acknowledgements and the replay buffer that let a
-//!   session resume on a new carrier with nothing lost or repeated.
+//!   session resume on a new carrier with nothing lost or repeated, and
+//!   [`link::LinkLayer`], the state machine that knows the session's
+//!   carriers (or lanes) by id and makes every decision about them.
 //! * [`resume`] — the exchange that attaches a carrier to a new or an
 //!   existing session (session id, proof of the session secret, offsets).
 //! * [`stripe`] — a striped session's chunks: the reorder buffer that puts

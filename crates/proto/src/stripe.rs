@@ -225,15 +225,46 @@ pub struct Flight {
 }
 
 impl Flight {
-    /// Lane `lane` took the chunk `offset..offset+len` at `now`.
+    /// Lane `lane` took the chunk `offset..offset+len` at `now`. The record
+    /// stays sorted by offset whatever order chunks are registered in (the
+    /// searches below rely on it).
     pub fn sent(&mut self, offset: u64, len: usize, lane: u64, now: u64) {
-        self.chunks.push_back(Sent {
+        let c = Sent {
             offset,
             end: offset + len as u64,
             lane,
             at: now,
             queued: false,
+        };
+        self.insert(c);
+    }
+
+    fn insert(&mut self, c: Sent) -> usize {
+        if self.chunks.back().is_none_or(|b| b.offset < c.offset) {
+            self.chunks.push_back(c);
+            return self.chunks.len() - 1;
+        }
+        let i = self.chunks.partition_point(|x| x.offset < c.offset);
+        if self.chunks.get(i).is_some_and(|x| x.offset == c.offset) {
+            self.chunks[i] = c;
+        } else {
+            self.chunks.insert(i, c);
+        }
+        i
+    }
+
+    /// The chunk `offset..offset+len` must go (again) on some lane other
+    /// than `avoid`, from the replay buffer: after a resume, everything the
+    /// peer missed.
+    pub fn queue_again(&mut self, offset: u64, len: usize, avoid: u64, now: u64) {
+        let i = self.insert(Sent {
+            offset,
+            end: offset + len as u64,
+            lane: avoid,
+            at: now,
+            queued: false,
         });
+        self.queue(i);
     }
 
     /// Chunks waiting to be acknowledged.
@@ -300,9 +331,15 @@ impl Flight {
         stalled
     }
 
-    /// The next chunk lane `lane` should send again, if any.
-    pub fn take_resend(&mut self, lane: u64) -> Option<Resend> {
-        let i = self.resend.iter().position(|r| r.avoid != lane)?;
+    /// The next chunk lane `lane` should send again, if any: one that
+    /// avoids another lane, or avoids this one but the lane it avoided is
+    /// gone (`live`) — that can happen only to a chunk queued for a lane
+    /// that died since.
+    pub fn take_resend(&mut self, lane: u64, live: impl Fn(u64) -> bool) -> Option<Resend> {
+        let i = self
+            .resend
+            .iter()
+            .position(|r| r.avoid != lane || !live(r.avoid))?;
         self.resend.remove(i)
     }
 
@@ -408,18 +445,19 @@ mod tests {
         // Queued once: no second stall for the same chunk.
         assert!(f.check_stall(300, t).is_empty());
         // Lane 1 does not take its own chunks back.
-        assert_eq!(f.take_resend(1), None);
-        let r = f.take_resend(2).unwrap();
+        let live = |_| true;
+        assert_eq!(f.take_resend(1, live), None);
+        let r = f.take_resend(2, live).unwrap();
         assert_eq!((r.from, r.to, r.avoid), (0, 100, 1));
         f.resending(0, 2, 300);
         f.acked(100);
         // The second chunk of lane 1 is still queued; acked past it, gone.
         f.acked(300);
-        assert_eq!(f.take_resend(2), None);
+        assert_eq!(f.take_resend(2, live), None);
         assert!(f.is_empty());
         f.sent(300, 10, 3, 400);
         assert_eq!(f.lane_lost(3), 1);
-        assert_eq!(f.take_resend(4).unwrap().from, 300);
+        assert_eq!(f.take_resend(4, live).unwrap().from, 300);
     }
 
     #[test]

@@ -1,19 +1,5 @@
-//! The link layer: what lets a session outlive its carrier.
-//!
-//! Each side numbers the bytes of the frames it sends (from 0 at the start
-//! of the session; link frames — ACK — are not counted), acknowledges
-//! cumulatively what it has received, and keeps every frame it wrote in a
-//! [`Replay`] buffer until the peer has acknowledged it. When a carrier
-//! drops, the two sides tell each other what they received and each sends
-//! again, from its replay buffer, exactly what the other is missing: nothing
-//! lost, nothing twice, and the multiplexer above never sees the drop.
-//!
-//! Offsets always fall on frame boundaries: a receiver counts only whole
-//! frames it decoded, and a partial frame in its buffer when the carrier
-//! drops is thrown away and comes again.
-//!
-//! The same layer serves one carrier or, later, several (striping) and
-//! other byte pipes (a folder): it only needs bytes in order per carrier.
+//! The replay buffer (what was sent, kept until acknowledged) and the
+//! receipt (what arrived, and what the peer has been told).
 
 use std::collections::VecDeque;
 
@@ -277,6 +263,15 @@ impl Receipt {
         Some(Frame::Ack {
             received: self.received,
         })
+    }
+
+    /// An ACK for everything received even if the peer was told it already:
+    /// the last one may have been lost with the lane that carried it.
+    pub fn take_ack_again(&mut self) -> Frame {
+        self.told = self.received;
+        Frame::Ack {
+            received: self.received,
+        }
     }
 
     /// A new carrier: the peer learns our offset in the resume exchange,

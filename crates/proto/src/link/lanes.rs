@@ -1,0 +1,480 @@
+//! A striped session's send and receive paths (see [`crate::stripe`] for
+//! the chunks, the reorder buffer and the record of chunks in flight).
+//!
+//! A lane's writer asks for work whenever its socket has room
+//! ([`LinkLayer::next_chunk`]): first a chunk some other lane must send
+//! again, else the next frames from the multiplexer, recorded in the replay
+//! buffer and in the flight record at once, so offsets follow the order the
+//! multiplexer produced. An ACK rides in front when one is due or owed.
+//! A lane's reader hands each chunk in ([`LinkLayer::on_chunk`]) and takes
+//! out the runs now in order ([`LinkLayer::next_run`]).
+//!
+//! When an ACK is *owed* even though the peer may have been told already:
+//! a lane was lost (the ACK it carried may be lost with it), or a chunk
+//! arrived twice (the peer sent it again because it did not hear of it).
+//! Without that, a sender at its replay bound whose ACK was lost would
+//! wait for good.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+
+use super::layer::{CarrierId, LinkLayer};
+use crate::frame::{Frame, DATA_HEADER_LEN, MAX_FRAME_LEN};
+use crate::outframe::OutFrame;
+use crate::stripe::{Flight, Reorder, StripeError, CHUNK_MAX};
+
+/// Frames one chunk may carry.
+pub const MAX_CHUNK_FRAMES: usize = 64;
+/// Bytes a chunk is filled to at most before its last frame (which may
+/// overshoot by one frame).
+pub const CHUNK_FILL: usize = CHUNK_MAX - MAX_FRAME_LEN;
+/// Smallest part of a DATA frame cut off to fill a chunk.
+const MIN_SPLIT: usize = 1024;
+/// Control frames (WINDOW_ADJUST, PONG, CLOSE…) still go while the replay
+/// buffer is full, up to this much past its bound: the peer's reorder
+/// window has one chunk of slack, and a session whose data waits for an
+/// ACK must still answer a PING.
+const CONTROL_SLACK: usize = CHUNK_MAX / 2;
+/// Stalled lanes are logged at most this often.
+const STALL_LOG_EVERY: Duration = Duration::from_secs(5);
+/// A lane id no lane has: chunks to send again on any lane.
+const ANY_LANE: CarrierId = CarrierId::MAX;
+
+/// The link layer's extra state in a striped session.
+#[derive(Debug)]
+pub(super) struct Stripes {
+    /// Lanes agreed for the session.
+    pub wanted: u8,
+    pub reorder: Reorder,
+    pub flight: Flight,
+    /// The rest of a DATA frame cut to fit the last chunk: the next frame
+    /// to send, before anything from the multiplexer (not yet recorded).
+    pub carry: Option<OutFrame>,
+    /// An ACK is owed whatever the peer was told (see the module docs).
+    pub ack_owed: bool,
+    pub goodbye_sent: bool,
+    /// When a stalled lane may be logged again.
+    next_stall_log: u64,
+}
+
+impl Stripes {
+    /// `own_limit`: this side's replay bound, which the peer's sender
+    /// respects: the reorder window.
+    pub fn new(wanted: u8, own_limit: usize) -> Stripes {
+        Stripes {
+            wanted,
+            reorder: Reorder::new(own_limit),
+            flight: Flight::default(),
+            carry: None,
+            ack_owed: false,
+            goodbye_sent: false,
+            next_stall_log: 0,
+        }
+    }
+
+    /// A resume: the peer has our bytes below `from`; `resend` (the replay
+    /// from there) goes again, in new chunks, on whichever lane asks first.
+    pub fn resumed(&mut self, from: u64, resend: &[OutFrame], now: u64) {
+        self.reorder.reset();
+        self.flight.reset();
+        self.ack_owed = false;
+        let mut at = from;
+        let (mut size, mut frames) = (0usize, 0usize);
+        for f in resend {
+            size += f.remaining();
+            frames += 1;
+            if size >= CHUNK_FILL || frames >= MAX_CHUNK_FRAMES {
+                self.flight.queue_again(at, size, ANY_LANE, now);
+                at += size as u64;
+                (size, frames) = (0, 0);
+            }
+        }
+        if size > 0 {
+            self.flight.queue_again(at, size, ANY_LANE, now);
+        }
+    }
+}
+
+/// What a lane may take from the multiplexer for one chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Control frames first, while they total less than this…
+    pub control: usize,
+    /// …then anything (data included) while the total is under this.
+    pub bytes: usize,
+    /// At most this many frames.
+    pub frames: usize,
+}
+
+/// One chunk for a lane to write (and the ACK in front of it).
+#[derive(Debug)]
+pub struct Chunk {
+    /// Bytes for one vectored write, in order.
+    pub pieces: VecDeque<Bytes>,
+    /// Sequenced bytes it carries (0: an ACK alone).
+    pub len: usize,
+    /// It is a chunk sent again for another lane.
+    pub resent: bool,
+    /// More is waiting to be sent: another lane may take it.
+    pub more: bool,
+}
+
+/// What the stall check found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Tick {
+    /// Lanes holding a chunk far longer than their path needs: their
+    /// chunks go again on the others.
+    pub stalled: Vec<CarrierId>,
+    /// Worth a log line (at most every few seconds).
+    pub log: bool,
+    /// Chunks wait to be sent again: every lane's writer should look, not
+    /// just one (the one woken might be the lane they avoid).
+    pub wake_all: bool,
+    /// An ACK is owed: some writer should send it.
+    pub wake_one: bool,
+}
+
+/// An optional ACK, then a chunk of `frames` from `offset` on.
+fn chunk_pieces(
+    ack: Option<Frame>,
+    offset: u64,
+    frames: Vec<OutFrame>,
+) -> (VecDeque<Bytes>, usize) {
+    let len: usize = frames.iter().map(OutFrame::remaining).sum();
+    let mut pieces = VecDeque::with_capacity(2 * frames.len() + 2);
+    if let Some(a) = ack {
+        pieces.push_back(a.to_bytes().expect("a fixed frame"));
+    }
+    if len > 0 {
+        let header = Frame::Chunk {
+            offset,
+            len: len as u32,
+        };
+        pieces.push_back(header.to_bytes().expect("a fixed frame"));
+        for f in frames {
+            if !f.head().is_empty() {
+                pieces.push_back(Bytes::copy_from_slice(f.head()));
+            }
+            if !f.body.is_empty() {
+                pieces.push_back(f.body);
+            }
+        }
+    }
+    (pieces, len)
+}
+
+/// Cuts the chunk at `limit` bytes: a DATA frame reaching past it is split
+/// there (a 64 KiB frame would otherwise hold a slow lane for a long time),
+/// the rest kept in `carry` for the next chunk.
+fn fit_to_chunk(batch: &mut VecDeque<OutFrame>, limit: usize, carry: &mut Option<OutFrame>) {
+    let total: usize = batch.iter().map(OutFrame::remaining).sum();
+    if total <= limit {
+        return;
+    }
+    let Some(last) = batch.back_mut() else {
+        return;
+    };
+    let before = total - last.remaining();
+    let keep = limit.saturating_sub(before + DATA_HEADER_LEN);
+    if keep >= MIN_SPLIT {
+        if let Some(first) = last.split_data(keep) {
+            *carry = batch.pop_back();
+            batch.push_back(first);
+        }
+    } else if before > 0 && !last.started {
+        // Too little room left to be worth a frame: all of it next time.
+        *carry = batch.pop_back();
+    }
+}
+
+impl LinkLayer {
+    /// The next chunk for lane `lane` to write, whose socket has room for
+    /// about `target` bytes. `pull` takes frames from the multiplexer
+    /// within a [`Budget`] and says whether more output waits. `None`:
+    /// nothing to send (or the lane is not current).
+    pub fn next_chunk(
+        &mut self,
+        lane: CarrierId,
+        target: usize,
+        now: u64,
+        pull: impl FnOnce(Budget, &mut VecDeque<OutFrame>) -> bool,
+    ) -> Option<Chunk> {
+        if !self.is_current(lane) {
+            return None;
+        }
+        let live = self.carriers();
+        let s = self.stripes.as_mut()?;
+        let mut frames: Vec<OutFrame> = Vec::new();
+        let mut offset = 0;
+        let mut resent = false;
+        let mut more = false;
+        let lane_live = |l: CarrierId| live.iter().any(|c| c.0 == l);
+        while let Some(r) = s.flight.take_resend(lane, lane_live) {
+            let (at, fr) = self.replay.range(r.from, r.to);
+            if !fr.is_empty() {
+                // The record keys it by where it started (part of it may be
+                // acknowledged by now).
+                s.flight.resending(r.from, lane, now);
+                offset = at;
+                frames = fr;
+                resent = r.avoid != ANY_LANE;
+                more = s.flight.has_resend();
+                break;
+            }
+        }
+        if frames.is_empty() {
+            // Never more unacknowledged than the peer's reorder window
+            // allows, except a little for control frames.
+            let limit = target.min(CHUNK_FILL).min(self.replay.room());
+            let control = (self.replay.limit() + CONTROL_SLACK)
+                .saturating_sub(self.replay.held())
+                .min(CHUNK_FILL);
+            let mut batch = VecDeque::new();
+            let mut carried = 0;
+            if limit > 0 {
+                if let Some(c) = s.carry.take() {
+                    carried = c.remaining();
+                    batch.push_back(c);
+                }
+            }
+            let budget = Budget {
+                control: control.saturating_sub(carried),
+                bytes: limit.saturating_sub(carried),
+                frames: MAX_CHUNK_FRAMES - batch.len(),
+            };
+            more = pull(budget, &mut batch);
+            let control_taken: usize = batch
+                .iter()
+                .filter(|f| f.head().is_empty())
+                .map(OutFrame::remaining)
+                .sum();
+            fit_to_chunk(&mut batch, limit.max(control_taken), &mut s.carry);
+            more |= s.carry.is_some();
+            offset = self.replay.sent();
+            for f in &batch {
+                self.replay.record(f);
+            }
+            let len = (self.replay.sent() - offset) as usize;
+            if len > 0 {
+                s.flight.sent(offset, len, lane, now);
+            }
+            frames = batch.into();
+            more |= s.flight.has_resend();
+        }
+        let ack = if std::mem::take(&mut s.ack_owed) {
+            Some(self.rx.take_ack_again())
+        } else if !frames.is_empty() || self.rx.ack_due() {
+            self.rx.take_ack()
+        } else {
+            None
+        };
+        if frames.is_empty() && ack.is_none() {
+            return None;
+        }
+        let (pieces, len) = chunk_pieces(ack, offset, frames);
+        Some(Chunk {
+            pieces,
+            len,
+            resent,
+            more,
+        })
+    }
+
+    /// The GOODBYE that ends a striped session, as a chunk after every
+    /// other (once: the first lane to ask writes it).
+    pub fn goodbye_chunk(&mut self) -> Option<VecDeque<Bytes>> {
+        let s = self.stripes.as_mut()?;
+        if std::mem::replace(&mut s.goodbye_sent, true) {
+            return None;
+        }
+        let body = Frame::Goodbye.to_bytes().expect("an empty frame");
+        let header = Frame::Chunk {
+            offset: self.replay.sent(),
+            len: body.len() as u32,
+        };
+        Some([header.to_bytes().expect("a fixed frame"), body].into())
+    }
+
+    /// A chunk arrived on `lane`: `data` is the session's byte stream from
+    /// `offset`. `Ok(false)`: the lane is not current (nothing counted).
+    pub fn on_chunk(
+        &mut self,
+        lane: CarrierId,
+        offset: u64,
+        data: BytesMut,
+    ) -> Result<bool, StripeError> {
+        if !self.is_current(lane) {
+            return Ok(false);
+        }
+        let Some(s) = self.stripes.as_mut() else {
+            return Ok(false);
+        };
+        let before = s.reorder.duplicates();
+        s.reorder.insert(offset, data)?;
+        if s.reorder.duplicates() > before {
+            // Sent again: the peer did not hear our ACK for it.
+            s.ack_owed = true;
+        }
+        Ok(true)
+    }
+
+    /// The next run of the peer's bytes now in order, counted as received:
+    /// the caller decodes its frames and hands them on before releasing
+    /// the link layer.
+    pub fn next_run(&mut self) -> Option<BytesMut> {
+        let run = self.stripes.as_mut()?.reorder.pop()?;
+        self.rx.on_frame(run.len());
+        Some(run)
+    }
+
+    /// An ACK should go out now (due by volume, or owed).
+    pub fn ack_wanted(&self) -> bool {
+        self.rx.ack_due() || self.stripes.as_ref().is_some_and(|s| s.ack_owed)
+    }
+
+    /// The striped session's timer: chunks waiting on a lane longer than
+    /// `timeout(lane)` are queued to go again on another; an ACK is owed
+    /// for whatever arrived since the last one.
+    pub fn on_tick(&mut self, now: u64, timeout: impl Fn(CarrierId) -> Duration) -> Tick {
+        let several = self.carriers().len() > 1;
+        let received = self.rx.received() > self.rx.told();
+        let Some(s) = self.stripes.as_mut() else {
+            return Tick::default();
+        };
+        let stalled = if several {
+            s.flight.check_stall(now, timeout)
+        } else {
+            Vec::new()
+        };
+        s.ack_owed |= received;
+        let log = !stalled.is_empty() && now >= s.next_stall_log;
+        if log {
+            s.next_stall_log = now + STALL_LOG_EVERY.as_nanos() as u64;
+        }
+        Tick {
+            wake_all: s.flight.has_resend(),
+            wake_one: s.ack_owed,
+            stalled,
+            log,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resume::{Secret, SessionId};
+
+    fn data(n: usize) -> OutFrame {
+        let mut h = [0u8; DATA_HEADER_LEN];
+        crate::frame::write_data_header(&mut h, 1, n);
+        OutFrame::data(h, Bytes::from(vec![1u8; n]))
+    }
+
+    fn pong() -> OutFrame {
+        OutFrame::encoded(Frame::Pong { nonce: 7 }.to_bytes().unwrap())
+    }
+
+    #[test]
+    fn control_frames_still_go_at_the_replay_bound() {
+        let mut l = LinkLayer::new(
+            1 << 20,
+            256 << 10,
+            2,
+            SessionId([0; 16]),
+            Secret([0; 32]),
+            String::new(),
+        );
+        let a = l.attach(0).unwrap();
+        l.attach(1).unwrap();
+        // Fill the replay bound with data nobody acknowledges.
+        while l.replay.room() > 0 {
+            l.next_chunk(a, CHUNK_FILL, 0, |b, out| {
+                out.push_back(data(b.bytes.clamp(1, 60_000)));
+                true
+            })
+            .unwrap();
+        }
+        let c = l
+            .next_chunk(a, CHUNK_FILL, 0, |b, out| {
+                assert_eq!(b.bytes, 0);
+                assert!(b.control > 0);
+                out.push_back(pong());
+                false
+            })
+            .expect("the PONG goes");
+        assert!(c.len > 0);
+    }
+}
+
+#[cfg(test)]
+mod owed {
+    use super::*;
+    use crate::resume::{Secret, SessionId};
+
+    fn striped() -> (LinkLayer, CarrierId, CarrierId) {
+        let mut l = LinkLayer::new(
+            1 << 20,
+            1 << 20,
+            2,
+            SessionId([0; 16]),
+            Secret([0; 32]),
+            String::new(),
+        );
+        let a = l.attach(0).unwrap();
+        let b = l.attach(1).unwrap();
+        (l, a, b)
+    }
+
+    fn ping() -> OutFrame {
+        OutFrame::encoded(Frame::Ping { nonce: 1 }.to_bytes().unwrap())
+    }
+
+    fn has_ack(c: &Chunk) -> bool {
+        c.pieces
+            .front()
+            .is_some_and(|p| p[0] == crate::frame::T_ACK)
+    }
+
+    #[test]
+    fn an_ack_lost_with_its_lane_is_sent_again() {
+        let (mut l, a, b) = striped();
+        let body = ping().body;
+        assert!(l.on_chunk(a, 0, BytesMut::from(&body[..])).unwrap());
+        while l.next_run().is_some() {}
+        // The tick owes an ACK for it; it goes on lane a…
+        assert!(l.on_tick(0, |_| Duration::from_secs(1)).wake_one);
+        let c = l.next_chunk(a, CHUNK_FILL, 0, |_, _| false).unwrap();
+        assert!(has_ack(&c) && c.len == 0);
+        assert!(l.next_chunk(b, CHUNK_FILL, 0, |_, _| false).is_none());
+        // …which dies with it: lane b owes it again.
+        l.carrier_lost(a, 1);
+        let c = l.next_chunk(b, CHUNK_FILL, 0, |_, _| false).unwrap();
+        assert!(has_ack(&c));
+        // A chunk that arrives twice means the peer did not hear the ACK.
+        assert!(l.on_chunk(b, 0, BytesMut::from(&body[..])).unwrap());
+        assert!(l.ack_wanted());
+        assert!(has_ack(
+            &l.next_chunk(b, CHUNK_FILL, 0, |_, _| false).unwrap()
+        ));
+    }
+
+    #[test]
+    fn a_stalled_chunk_asks_every_lane_to_look() {
+        let (mut l, a, b) = striped();
+        let c = l.next_chunk(a, CHUNK_FILL, 0, |_, out| {
+            out.push_back(ping());
+            false
+        });
+        assert!(c.is_some_and(|c| c.len > 0));
+        let t = l.on_tick(10_000_000_000, |_| Duration::from_millis(300));
+        assert_eq!(t.stalled, vec![a]);
+        assert!(t.wake_all, "the lane woken might be the one avoided");
+        // The stalled lane finds nothing; the other takes the chunk again.
+        assert!(l.next_chunk(a, CHUNK_FILL, 1, |_, _| false).is_none());
+        let c = l.next_chunk(b, CHUNK_FILL, 1, |_, _| false).unwrap();
+        assert!(c.resent && c.len > 0);
+    }
+}
