@@ -254,3 +254,59 @@ async fn forged_and_surplus_lanes_are_refused() {
     assert_eq!(s.lanes(), LANES as usize);
     assert!(!s.is_closed());
 }
+
+/// What a user on a flaky network saw: lanes reset one at a time, every
+/// 30 ms, while the replay bound is small (so the senders sit at it and a
+/// lost ACK or a stalled chunk would stop them for good). Every byte still
+/// arrives, the session never ends, and it still opens streams afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_reset_every_30_ms_at_a_small_replay_bound_lose_nothing() {
+    logs();
+    let _dump = DumpLogsOnPanic;
+    let progress = Arc::new(AtomicU64::new(0));
+    let target = hashing_target(progress.clone()).await;
+    let mut session = quick_session();
+    session.max_stripes = 8;
+    session.replay_limit = 512 << 10;
+    let server = start_server_with(
+        Rules::new(vec![target.0.to_string().parse().unwrap()], false),
+        BindRules::default(),
+        session.clone(),
+    )
+    .await;
+    let relay = Relay::start(server).await;
+    let mut cfg = client_config(relay.addr);
+    cfg.local = vec![fwd("127.0.0.1", target.0.port())];
+    cfg.session = session;
+    cfg.session.stripes = LANES;
+    let client = Client::start(cfg).await.unwrap();
+    until_lanes(&client, LANES as usize).await;
+    let id = client.session().resume_id();
+    let total = (2 * STREAMS * PER_STREAM) as f64;
+    transfer_while(&client, target, progress, |p| async move {
+        let mut resets = 0;
+        while resets < 150 && (p.load(std::sync::atomic::Ordering::SeqCst) as f64) < 0.9 * total {
+            let live = relay.live();
+            if let Some(&i) = live.get(resets % live.len().max(1)) {
+                relay.reset_one(i);
+                resets += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        assert!(resets >= 20, "only {resets} resets before the end");
+    })
+    .await;
+    let s = client.session();
+    assert!(!s.is_closed(), "{:?}", s.close_reason());
+    assert_eq!(s.resume_id(), id, "the session was replaced");
+    // Still serving: a new stream opens and echoes through the target.
+    let fwd = client.local_addrs[0];
+    within(20, async {
+        let mut c = tokio::net::TcpStream::connect(fwd).await.unwrap();
+        use tokio::io::AsyncReadExt;
+        let mut b = [0u8; 1024];
+        let n = c.read(&mut b).await.unwrap();
+        assert!(n > 0, "the target's bytes come through a fresh stream");
+    })
+    .await;
+}

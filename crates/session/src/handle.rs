@@ -12,10 +12,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::{Acceptor, Mode, OpenRefused, SessionConfig, SessionError, SessionStats};
 use crate::housekeeping::housekeeping;
-use crate::link::{LinkState, Role};
+use crate::link::Role;
 use crate::local::LocalStream;
 use crate::resume::{Resumables, Served};
 use crate::runtime::{SessionHandle, Shared};
+use longhaul_proto::link::LinkLayer;
 
 /// How long a closing session's writer may still take to write what it
 /// has (a peer that stopped reading) before it is cancelled and the carrier
@@ -189,7 +190,7 @@ pub(crate) fn build(
     acceptor: Arc<dyn Acceptor>,
     n: &Negotiated,
     role: Role,
-    link: Option<LinkState>,
+    link: Option<LinkLayer>,
 ) -> SessionHandle {
     let mux = Mux::new(MuxConfig {
         window: config.window,
@@ -215,8 +216,14 @@ pub(crate) fn build(
     });
     let limits = decode_limits(&config, n);
     let peer = carrier.peer.clone();
+    let mut link = link;
+    let first = link.as_mut().map_or(Ok(0), |l| l.attach(0));
     let shared = Arc::new(Shared::new(mux, config, acceptor, peer, role, link));
-    shared.spawn_carrier(carrier, limits, Vec::new(), 0);
+    match first {
+        Ok(id) if shared.striped => shared.spawn_lane(carrier, limits, id, 0),
+        Ok(id) => shared.spawn_carrier(carrier, limits, id, Vec::new()),
+        Err(e) => unreachable!("a session's first carrier attaches: {e:?}"),
+    }
     let house = tokio::spawn(housekeeping(shared.clone()));
     // When the session closes, stop the tasks that might be parked.
     let mut closed = shared.closed_tx.subscribe();
@@ -355,9 +362,9 @@ impl SessionHandle {
             rtt: Duration::from_nanos(s.rtt_ns),
             bytes_sent: s.bytes_sent,
             bytes_received: s.bytes_received,
-            resumes: self.shared.link().map_or(0, |l| l.resumes),
-            replayed: self.shared.link().map_or(0, |l| l.replayed),
-            replay_held: self.shared.link().map_or(0, |l| l.replay.held()),
+            resumes: self.shared.link().map_or(0, |l| l.resumes()),
+            replayed: self.shared.link().map_or(0, |l| l.replayed()),
+            replay_held: self.shared.link().map_or(0, |l| l.replay().held()),
             window_stalls: self
                 .shared
                 .window_stalls
@@ -374,10 +381,7 @@ impl SessionHandle {
 
     /// Lanes agreed for a striped session (1 for any other).
     pub fn lanes_wanted(&self) -> usize {
-        self.shared
-            .link()
-            .and_then(|l| l.stripes.as_ref().map(|s| s.wanted as usize))
-            .unwrap_or(1)
+        self.shared.link().map_or(1, |l| l.lanes_wanted())
     }
 
     /// Lanes running now (striped sessions; 0 otherwise).
@@ -406,11 +410,7 @@ impl SessionHandle {
     pub fn stripe_counters(&self) -> (u64, u64) {
         self.shared
             .link()
-            .and_then(|l| {
-                l.stripes
-                    .as_ref()
-                    .map(|s| (s.flight.resent, s.reorder.duplicates()))
-            })
+            .map(|l| l.stripe_counters())
             .unwrap_or_default()
     }
 
@@ -429,14 +429,16 @@ impl SessionHandle {
     /// The session's id on the server (resumable sessions only): the same
     /// across carrier drops, a different one for a fresh session.
     pub fn resume_id(&self) -> Option<longhaul_proto::resume::SessionId> {
-        self.shared.link().map(|l| l.id)
+        self.shared.link().map(|l| l.session_id())
     }
 
     /// The session's secret and last attempt number: what a client needs to
     /// resume it. For tests that play a client forging resumes.
     #[doc(hidden)]
     pub fn resume_secret_for_tests(&self) -> Option<(longhaul_proto::resume::Secret, u64)> {
-        self.shared.link().map(|l| (l.secret.clone(), l.attempt))
+        self.shared
+            .link()
+            .map(|l| (l.secret().clone(), l.attempt()))
     }
 
     /// Whether the peer ended the session on purpose (its idle timeout, a

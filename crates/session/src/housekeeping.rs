@@ -69,14 +69,7 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
         }
         if let Some(silent) = shared.take_silent() {
             let why = format!("nothing heard from the peer for {silent:?}");
-            if shared.striped {
-                for id in shared.lane_ids() {
-                    shared.carrier_failed(id, why.clone());
-                }
-            } else {
-                let gen = shared.slot().gen;
-                shared.carrier_failed(gen, why);
-            }
+            shared.drop_carriers(&why);
         }
         let mut wake = next.map_or(next_probe, |t| t.min(next_probe));
         if shared.striped {

@@ -1,75 +1,31 @@
 //! A striped session's lanes: several carriers under one link layer
-//! (see `longhaul_proto::stripe` for the chunks and the reorder buffer).
+//! (`longhaul_proto::link::LinkLayer` decides which chunk goes where and
+//! what a lost lane means; `longhaul_proto::stripe` has the chunks and the
+//! reorder buffer).
 //!
 //! Each lane has its own reader and writer ([`crate::lane_io`]). A lane
 //! that fails is dropped and its unacknowledged chunks go again on the
 //! others; the client dials a replacement. Only when the last lane fails is
 //! the session detached and resumed as a whole, like a single carrier.
 //!
-//! A lane's tasks act only while its id is in [`Stripes::live`], checked
-//! under the link lock: once a lane is dropped, nothing it still reads is
-//! counted and nothing more is taken for it to write, whatever its tasks
-//! are doing at that moment.
+//! A lane's tasks act only while the link layer holds its id as current
+//! (checked under the link lock): once a lane is dropped, nothing it still
+//! reads is counted and nothing more is taken for it to write, whatever its
+//! tasks are doing at that moment.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use longhaul_carrier::{Carrier, PathProbe};
 use longhaul_proto::frame::DecodeLimits;
-use longhaul_proto::outframe::OutFrame;
-use longhaul_proto::stripe::{Flight, Reorder};
+use longhaul_proto::link::CarrierId;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::lane_io::{lane_reader, lane_writer};
-use crate::reader::Pins;
+use crate::link::CarrierSlot;
 use crate::runtime::Shared;
-
-/// The link layer's extra state in a striped session.
-pub(crate) struct Stripes {
-    /// Lanes agreed for the session.
-    pub wanted: u8,
-    pub reorder: Reorder,
-    pub flight: Flight,
-    /// Chunk buffers still referenced by queued payloads (one allowance
-    /// for the whole session, whatever the number of lanes).
-    pub pins: Pins,
-    /// Ids of the lanes whose tasks may act.
-    pub live: HashSet<u64>,
-    /// An ACK is owed even though little arrived (the sender's stall
-    /// detection needs to hear progress).
-    pub ack_now: bool,
-    /// The GOODBYE chunk was written by one of the lanes.
-    pub goodbye_sent: bool,
-    /// When a stalled lane may be logged again.
-    pub next_stall_log: u64,
-    /// The rest of a DATA frame cut to fit the last chunk: the next frame
-    /// to send, before anything from the multiplexer.
-    pub carry: Option<OutFrame>,
-}
-
-/// Stalled lanes are logged at most this often.
-const STALL_LOG_EVERY: Duration = Duration::from_secs(5);
-
-impl Stripes {
-    /// `own_limit`: this side's replay bound, which the peer's sender
-    /// respects, so the reorder window.
-    pub fn new(wanted: u8, own_limit: usize) -> Stripes {
-        Stripes {
-            wanted,
-            reorder: Reorder::new(own_limit),
-            flight: Flight::default(),
-            pins: Pins::default(),
-            live: HashSet::new(),
-            ack_now: false,
-            goodbye_sent: false,
-            next_stall_log: 0,
-            carry: None,
-        }
-    }
-}
 
 /// Counters of one lane.
 #[derive(Default)]
@@ -81,11 +37,14 @@ pub(crate) struct LaneCounters {
 
 /// One lane's tasks.
 pub(crate) struct LaneTasks {
-    pub id: u64,
+    pub id: CarrierId,
     pub number: u8,
     pub reader: JoinHandle<()>,
     pub writer: JoinHandle<()>,
     pub stop: Arc<Notify>,
+    /// Wakes this lane's writer in particular (chunks to send again may
+    /// avoid the lane a shared wake-up would reach).
+    pub kick: Arc<Notify>,
     pub probe: Option<Arc<dyn PathProbe>>,
     pub counters: Arc<LaneCounters>,
 }
@@ -124,25 +83,17 @@ impl LaneTasks {
 }
 
 impl Shared {
-    /// Starts the tasks of a new lane. `resend`: frames from the replay
-    /// buffer to send first, from byte `resend_from` (after a resume).
+    /// Starts the tasks of lane `id` (attached in the link layer already).
     pub(crate) fn spawn_lane(
         self: &Arc<Self>,
         carrier: Carrier,
         limits: DecodeLimits,
-        resend: Vec<OutFrame>,
-        resend_from: u64,
+        id: CarrierId,
         number: u8,
     ) {
         let mut slot = self.slot();
-        slot.gen += 1;
-        let id = slot.gen;
-        if let Some(mut l) = self.link() {
-            if let Some(s) = l.stripes.as_mut() {
-                s.live.insert(id);
-            }
-        }
         let stop = Arc::new(Notify::new());
+        let kick = Arc::new(Notify::new());
         let probe: Option<Arc<dyn PathProbe>> = carrier.probe.map(Arc::from);
         if let Some(p) = &probe {
             p.set_floor(longhaul_carrier::LANE_NOTSENT_MIN);
@@ -160,9 +111,9 @@ impl Shared {
             carrier.writer,
             id,
             stop.clone(),
+            kick.clone(),
             probe.clone(),
             counters.clone(),
-            (resend, resend_from),
         ));
         slot.lanes.push(LaneTasks {
             id,
@@ -170,56 +121,37 @@ impl Shared {
             reader,
             writer,
             stop,
+            kick,
             probe,
             counters,
         });
-        slot.detached = false;
-        slot.since = None;
         self.lanes_tx.send_replace(slot.lanes.len());
         self.detached_tx.send_replace(false);
         tracing::debug!(peer = %self.peer, lane = number, lanes = slot.lanes.len(), "lane attached");
     }
 
-    /// Lane `id` failed. Returns `true` when that is all (other lanes go
-    /// on, or the lane was already gone); `false` when it was the last
-    /// lane: the caller detaches the session.
-    pub(crate) fn lane_failed(self: &Arc<Self>, id: u64, why: &str) -> bool {
-        let mut slot = self.slot();
+    /// Stops lane `id`'s tasks (the link layer has let it go); returns its
+    /// number.
+    pub(crate) fn retire_lane(&self, slot: &mut CarrierSlot, id: CarrierId) -> u8 {
         let Some(i) = slot.lanes.iter().position(|l| l.id == id) else {
-            return true;
+            return 0;
         };
-        let last = slot.lanes.len() == 1;
-        if let Some(mut l) = self.link() {
-            if let Some(s) = l.stripes.as_mut() {
-                s.live.remove(&id);
-            }
-        }
         let lane = slot.lanes.remove(i);
         lane.halt();
-        let left = slot.lanes.len();
-        self.lanes_tx.send_replace(left);
-        if last {
-            // Kept so that a resume waits for its tasks to end.
-            slot.retired.push(lane);
-            return false;
-        }
+        self.lanes_tx.send_replace(slot.lanes.len());
+        // Kept so that a resume waits for its tasks to end.
         slot.retired.retain(|l| !l.writer.is_finished());
         let number = lane.number;
         slot.retired.push(lane);
-        drop(slot);
-        let resent = self
-            .link()
-            .and_then(|mut l| l.stripes.as_mut().map(|s| s.flight.lane_lost(id)))
-            .unwrap_or(0);
+        number
+    }
+
+    /// Wakes every lane's writer.
+    pub(crate) fn wake_lanes(&self) {
+        for l in &self.slot().lanes {
+            l.kick.notify_one();
+        }
         self.wake_writer.notify_one();
-        tracing::warn!(
-            peer = %self.peer,
-            lane = number,
-            lanes_left = left,
-            chunks_resent = resent,
-            "lane lost ({why}); the session goes on over the others"
-        );
-        true
     }
 
     /// Stops every lane (before a resume) and waits for their tasks.
@@ -230,11 +162,6 @@ impl Shared {
             all.append(&mut slot.retired);
             all
         };
-        if let Some(mut l) = self.link() {
-            if let Some(s) = l.stripes.as_mut() {
-                s.live.clear();
-            }
-        }
         self.lanes_tx.send_replace(0);
         for lane in lanes {
             lane.halt();
@@ -244,16 +171,11 @@ impl Shared {
                 .await
                 .is_err()
             {
-                // Nothing it writes counts any more (no longer live).
+                // Nothing it writes counts any more (no longer current).
                 abort.abort();
             }
         }
         Ok(())
-    }
-
-    /// Ids of the lanes now running.
-    pub(crate) fn lane_ids(&self) -> Vec<u64> {
-        self.slot().lanes.iter().map(|l| l.id).collect()
     }
 
     pub(crate) fn lane_stats(&self) -> Vec<LaneStats> {
@@ -278,7 +200,7 @@ impl Shared {
         // Each lane's patience: its RTO, a few RTTs, and what its socket
         // still has to send ahead of a new chunk.
         let fallback = stall_timeout(slowest_rtt, Duration::from_millis(200), Duration::ZERO);
-        let timeouts: Vec<(u64, u8, Duration)> = self
+        let timeouts: Vec<(CarrierId, u8, Duration)> = self
             .slot()
             .lanes
             .iter()
@@ -298,38 +220,18 @@ impl Shared {
                 (l.id, l.number, t)
             })
             .collect();
-        let (stalled, wake, log) = {
-            let Some(mut g) = self.link() else {
-                return;
-            };
-            let l = &mut *g;
-            let Some(s) = l.stripes.as_mut() else {
-                return;
-            };
-            let stalled = if s.live.len() > 1 {
-                let of = |id: u64| {
-                    timeouts
-                        .iter()
-                        .find(|t| t.0 == id)
-                        .map_or(fallback, |t| t.2)
-                };
-                s.flight.check_stall(now, of)
-            } else {
-                Vec::new()
-            };
-            if l.rx.received() > l.rx.told() {
-                s.ack_now = true;
-            }
-            // Logged at most every few seconds: a lossy path stalls often.
-            let log = !stalled.is_empty() && now >= s.next_stall_log;
-            if log {
-                s.next_stall_log = now + STALL_LOG_EVERY.as_nanos() as u64;
-            }
-            let wake = !stalled.is_empty() || s.ack_now;
-            (stalled, wake, log)
+        let of = |id: CarrierId| {
+            timeouts
+                .iter()
+                .find(|t| t.0 == id)
+                .map_or(fallback, |t| t.2)
         };
-        if log {
-            let numbers: Vec<u8> = stalled
+        let Some(tick) = self.link().map(|mut l| l.on_tick(now, of)) else {
+            return;
+        };
+        if tick.log {
+            let numbers: Vec<u8> = tick
+                .stalled
                 .iter()
                 .filter_map(|id| timeouts.iter().find(|t| t.0 == *id).map(|t| t.1))
                 .collect();
@@ -339,7 +241,9 @@ impl Shared {
                 "lane stalled: its chunks waiting too long go again on the others"
             );
         }
-        if wake {
+        if tick.wake_all {
+            self.wake_lanes();
+        } else if tick.wake_one {
             self.wake_writer.notify_one();
         }
     }

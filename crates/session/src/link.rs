@@ -1,30 +1,29 @@
-//! The runtime side of the link layer: which carrier a session runs on,
-//! what happens when it drops, and attaching the next one.
+//! The runtime side of the link layer: the tasks of the carrier a session
+//! runs on, stopping them when it drops, and starting the next one's.
 //!
-//! A session's carrier tasks (reader and writer) belong to one carrier
-//! "generation". When that carrier fails — read or write error, EOF without
-//! GOODBYE, or a silent peer — a resumable session is **detached**: its
-//! tasks stop, the multiplexer's timers pause, and every stream stays as it
-//! is (pumps stop once windows and queues fill). A new carrier is attached
-//! after the resume exchange ([`crate::resume`]): the replay buffer's
-//! unacknowledged frames go out first, then what the old writer had taken
-//! from the multiplexer but not started. A session without a link layer
-//! (JMUX, `--stdio`, a peer without resume) closes on a carrier failure, as
-//! before.
+//! Every decision is the link layer's (`longhaul_proto::link::LinkLayer`):
+//! it names each carrier by an id, refuses input from one that is no
+//! longer current, and says what a loss means. When the last carrier fails
+//! — read or write error, EOF without GOODBYE, or a silent peer — a
+//! resumable session is **detached**: its tasks stop, the multiplexer's
+//! timers pause, and every stream stays as it is (pumps stop once windows
+//! and queues fill). A new carrier is attached after the resume exchange
+//! ([`crate::resume`]): the replay buffer's unacknowledged frames go out
+//! first, then what the old writer had taken from the multiplexer but not
+//! started. A session without a link layer (JMUX, `--stdio`, a peer
+//! without resume) closes on a carrier failure, as before.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use longhaul_carrier::{Carrier, PathProbe};
 use longhaul_proto::frame::DecodeLimits;
-use longhaul_proto::link::{Receipt, Replay, DEFAULT_REPLAY_LIMIT};
+use longhaul_proto::link::{CarrierId, LinkLayer, Lost, DEFAULT_REPLAY_LIMIT};
 use longhaul_proto::outframe::OutFrame;
-use longhaul_proto::resume::{Secret, SessionId};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::lanes::{LaneTasks, Stripes};
+use crate::lanes::LaneTasks;
 use crate::reader::carrier_reader;
 use crate::runtime::Shared;
 use crate::writer::carrier_writer;
@@ -35,61 +34,6 @@ use crate::writer::carrier_writer;
 pub enum Role {
     Client,
     Server,
-}
-
-/// The link layer's state, shared by the carrier reader and writer.
-pub(crate) struct LinkState {
-    pub replay: Replay,
-    pub rx: Receipt,
-    /// Frames the last writer took from the multiplexer and had not started
-    /// when its carrier dropped: written after the replay on the next one.
-    pub leftover: VecDeque<OutFrame>,
-    pub id: SessionId,
-    pub secret: Secret,
-    /// Client: the last attempt number used. Server: the highest accepted.
-    pub attempt: u64,
-    /// Server: who authenticated the session's first carrier.
-    pub identity: String,
-    /// Carrier drops survived, and bytes sent again after them.
-    pub resumes: u64,
-    pub replayed: u64,
-    /// A striped session's chunks (several lanes).
-    pub stripes: Option<Stripes>,
-}
-
-impl LinkState {
-    pub fn new(
-        limit: usize,
-        peer_limit: usize,
-        id: SessionId,
-        secret: Secret,
-        identity: String,
-    ) -> LinkState {
-        LinkState {
-            replay: Replay::new(limit),
-            rx: Receipt::new(peer_limit),
-            leftover: VecDeque::new(),
-            id,
-            secret,
-            attempt: 0,
-            identity,
-            resumes: 0,
-            replayed: 0,
-            stripes: None,
-        }
-    }
-
-    /// Makes this a striped session over `lanes` lanes: the reorder
-    /// window is our replay bound, and we keep no more unacknowledged than
-    /// the peer's.
-    pub fn striped(mut self, lanes: u8, peer_limit: usize) -> LinkState {
-        if lanes >= 2 {
-            self.stripes = Some(Stripes::new(lanes, self.replay.limit()));
-            self.replay
-                .cap(peer_limit.max(longhaul_proto::link::MIN_REPLAY_LIMIT));
-        }
-        self
-    }
 }
 
 /// The replay bound when none is configured: what the carrier's kernel
@@ -111,14 +55,13 @@ pub fn auto_replay_limit() -> usize {
     }
 }
 
-/// The tasks of the carrier a session runs on.
+/// The tasks of the carrier (or lanes) a session runs on. Which carrier
+/// is current, and what losing one means, is the link layer's business
+/// ([`LinkLayer`]); this is only what must be stopped.
 #[derive(Default)]
 pub(crate) struct CarrierSlot {
-    /// Generation of the current (or last) carrier.
-    pub gen: u64,
-    /// No carrier: the last one dropped and no new one is attached yet.
-    pub detached: bool,
-    pub since: Option<Instant>,
+    /// The single carrier's tasks (its id: the link layer's, 0 without).
+    pub id: CarrierId,
     pub reader: Option<JoinHandle<()>>,
     pub writer: Option<JoinHandle<()>>,
     /// Tells the writer to stop (it saves what it had not started).
@@ -134,7 +77,7 @@ pub(crate) struct CarrierSlot {
 pub(crate) const STOP_GRACE: Duration = Duration::from_secs(2);
 
 impl Shared {
-    pub(crate) fn link(&self) -> Option<MutexGuard<'_, LinkState>> {
+    pub(crate) fn link(&self) -> Option<MutexGuard<'_, LinkLayer>> {
         self.link
             .as_ref()
             .map(|l| l.lock().unwrap_or_else(|p| p.into_inner()))
@@ -144,37 +87,32 @@ impl Shared {
         self.carrier.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts the reader and writer of a new carrier generation. `resend`:
-    /// frames from the replay buffer to write first.
+    /// Starts the reader and writer of carrier `id` (the link layer's id
+    /// for it; 0 without a link layer). `resend`: frames from the replay
+    /// buffer to write first.
     pub(crate) fn spawn_carrier(
         self: &Arc<Self>,
         carrier: Carrier,
         limits: DecodeLimits,
+        id: CarrierId,
         resend: Vec<OutFrame>,
-        resend_from: u64,
     ) {
-        if self.striped {
-            return self.spawn_lane(carrier, limits, resend, resend_from, 0);
-        }
         let mut slot = self.slot();
-        slot.gen += 1;
-        let gen = slot.gen;
+        slot.id = id;
         let stop = Arc::new(Notify::new());
-        slot.detached = false;
-        slot.since = None;
         slot.probe = carrier.probe.map(Arc::from);
         slot.reader = Some(tokio::spawn(carrier_reader(
             self.clone(),
             carrier.reader,
             limits,
-            gen,
+            id,
         )));
         slot.writer = Some(tokio::spawn(carrier_writer(
             self.clone(),
             carrier.writer,
             carrier.urgent,
             carrier.urgent_flag,
-            gen,
+            id,
             stop.clone(),
             resend,
         )));
@@ -184,84 +122,111 @@ impl Shared {
         self.detached_tx.send_replace(false);
     }
 
-    /// The carrier of generation `gen` failed. A resumable session is
-    /// detached and waits for a new carrier; any other session closes.
-    pub(crate) fn carrier_failed(self: &Arc<Self>, gen: u64, why: String) {
+    /// Carrier (or lane) `id` failed. The link layer says what that means:
+    /// nothing (it was not current), a lane gone (the others go on), or
+    /// the session detached, waiting for a resume. Any session without a
+    /// link layer closes.
+    pub(crate) fn carrier_failed(self: &Arc<Self>, id: CarrierId, why: String) {
         let resumable = self.link.is_some()
             && self.with(|m, _| m.dead().is_none() && m.goodbye_done().is_none());
         if !resumable {
             tracing::info!(peer = %self.peer, "{why}");
             return self.close(why);
         }
-        if self.striped && self.lane_failed(gen, &why) {
-            return;
-        }
-        {
-            let mut slot = self.slot();
-            if (!self.striped && slot.gen != gen) || slot.detached {
-                return;
+        let now = self.now_ns();
+        let mut slot = self.slot();
+        let (lost, held, sent) = {
+            let mut l = self.link().expect("resumable");
+            let lost = l.carrier_lost(id, now);
+            (lost, l.replay().held(), l.replay().sent())
+        };
+        match lost {
+            Lost::Stale => {}
+            Lost::Lane { left, resent } => {
+                let number = self.retire_lane(&mut slot, id);
+                drop(slot);
+                // Its chunks wait for the others; every lane looks.
+                self.wake_lanes();
+                tracing::warn!(
+                    peer = %self.peer,
+                    lane = number,
+                    lanes_left = left,
+                    chunks_resent = resent,
+                    "lane lost ({why}); the session goes on over the others"
+                );
             }
-            slot.detached = true;
-            slot.since = Some(Instant::now());
-            slot.probe = None;
-            if let Some(r) = &slot.reader {
-                r.abort();
-            }
-            if let Some(s) = &slot.stop {
-                s.notify_one();
-            }
-            self.detached_tx.send_replace(true);
-        }
-        self.with(|m, now| m.set_attached(false, now));
-        let (held, sent) = self
-            .link()
-            .map(|l| (l.replay.held(), l.replay.sent()))
-            .unwrap_or_default();
-        tracing::warn!(
-            peer = %self.peer,
-            unacknowledged = held,
-            sent,
-            "carrier lost ({why}); the session is kept for a resume"
-        );
-        if self.role == Role::Server {
-            let shared = self.clone();
-            let grace = self.config.resume_timeout;
-            tokio::spawn(async move {
-                tokio::time::sleep(grace).await;
-                let expired = {
-                    let slot = shared.slot();
-                    slot.gen == gen && slot.detached
-                };
-                if expired {
-                    shared.close(format!(
-                        "carrier lost and not resumed within {grace:?} (--resume-timeout)"
-                    ));
+            Lost::Detached => {
+                if self.striped {
+                    self.retire_lane(&mut slot, id);
+                } else {
+                    slot.probe = None;
+                    if let Some(r) = &slot.reader {
+                        r.abort();
+                    }
+                    if let Some(s) = &slot.stop {
+                        s.notify_one();
+                    }
                 }
-            });
+                self.detached_tx.send_replace(true);
+                drop(slot);
+                self.with(|m, now| m.set_attached(false, now));
+                tracing::warn!(
+                    peer = %self.peer,
+                    unacknowledged = held,
+                    sent,
+                    "carrier lost ({why}); the session is kept for a resume"
+                );
+                if self.role == Role::Server {
+                    self.expire_unless_resumed();
+                }
+            }
+        }
+    }
+
+    /// Server: closes the session if it is still detached once
+    /// `--resume-timeout` has passed (the link layer knows since when).
+    fn expire_unless_resumed(self: &Arc<Self>) {
+        let shared = self.clone();
+        let grace = self.config.resume_timeout;
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            let now = shared.now_ns();
+            let expired = shared.link().is_some_and(|l| l.resume_expired(now, grace));
+            if expired {
+                shared.close(format!(
+                    "carrier lost and not resumed within {grace:?} (--resume-timeout)"
+                ));
+            }
+        });
+    }
+
+    /// Every carrier (or lane) now attached is lost.
+    pub(crate) fn drop_carriers(self: &Arc<Self>, why: &str) {
+        let ids = match self.link() {
+            Some(l) => l.carriers().into_iter().map(|c| c.0).collect(),
+            None => vec![self.slot().id],
+        };
+        for id in ids {
+            self.carrier_failed(id, why.to_owned());
         }
     }
 
     /// Stops the current carrier, if any (a detached session's last one
     /// may still be finishing), and waits until its tasks are gone: what
-    /// the writer had not started is saved, and nothing more is counted as
-    /// received. Called before every resume, so the old carrier's tasks
-    /// never overlap the new one's. A writer that does not stop in time
-    /// would take frames with it: the session is closed instead.
+    /// the writer had not started is saved. Called before every resume.
+    /// (Whatever an old reader still hands in is refused by the link
+    /// layer; a writer that does not stop in time would take frames with
+    /// it: the session is closed instead.)
     pub(crate) async fn stop_carrier(self: &Arc<Self>, why: &str) -> Result<(), String> {
+        self.drop_carriers(why);
         if self.striped {
-            for id in self.lane_ids() {
-                self.carrier_failed(id, why.to_owned());
-            }
             return self.stop_lanes().await;
         }
-        let gen = self.slot().gen;
-        self.carrier_failed(gen, why.to_owned());
         let (reader, writer) = {
             let mut slot = self.slot();
             (slot.reader.take(), slot.writer.take())
         };
         if let Some(r) = reader {
-            // Aborted by `carrier_failed`; wait until it really ended.
             let _ = tokio::time::timeout(STOP_GRACE, r).await;
         }
         if let Some(w) = writer {
@@ -285,26 +250,22 @@ impl Shared {
         limits: DecodeLimits,
         peer_received: u64,
     ) -> Result<u64, longhaul_proto::link::LinkError> {
-        let outage = self.slot().since.map(|s| s.elapsed());
-        let (resend, bytes) = {
+        let now = self.now_ns();
+        let (id, resend, outage, bytes) = {
             let mut l = self.link().expect("resume needs a link layer");
-            let resend = l.replay.rewind(peer_received)?;
-            l.rx.resumed();
-            if let Some(s) = l.stripes.as_mut() {
-                // Everything the peer misses comes again in new chunks.
-                s.reorder.reset();
-                s.flight.reset();
-                s.ack_now = false;
-            }
-            let bytes: u64 = resend.iter().map(|f| f.remaining() as u64).sum();
-            l.resumes += 1;
-            l.replayed += bytes;
-            (resend, bytes)
+            let outage = l.detached_for(now);
+            let before = l.replayed();
+            let (id, resend) = l.resume(0, peer_received, now)?;
+            (id, resend, outage, l.replayed() - before)
         };
         self.with(|m, now| m.set_attached(true, now));
         // A silence found on the old carrier is not this one's.
         let _ = self.take_silent();
-        self.spawn_carrier(carrier, limits, resend, peer_received);
+        if self.striped {
+            self.spawn_lane(carrier, limits, id, 0);
+        } else {
+            self.spawn_carrier(carrier, limits, id, resend);
+        }
         tracing::info!(
             peer = %self.peer,
             outage = ?outage.unwrap_or_default(),

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use longhaul_carrier::BoxRead;
 use longhaul_proto::frame::{self, DecodeLimits, Frame};
+use longhaul_proto::link::{CarrierId, Input};
 use tokio::io::AsyncReadExt;
 
 use crate::requests::{connect_for_peer, serve_bind};
@@ -64,62 +65,14 @@ pub(crate) async fn carrier_reader(
     shared: Arc<Shared>,
     mut r: BoxRead,
     limits: DecodeLimits,
-    gen: u64,
+    id: CarrierId,
 ) {
     let (mut buf, mut sentinel) = fresh_buffer(&[]);
     let mut pins = Pins::default();
-    let link = shared.link.is_some();
     loop {
-        let may_slice = pins.may_slice();
-        // Link layer: bytes of whole frames handed to the core, and the
-        // peer's latest ACK, applied once per read (no await in between, so
-        // a carrier drop cannot separate a frame from its count).
-        let mut got = 0usize;
-        let mut acked = None;
-        let mut ended = false;
-        loop {
-            let before = buf.len();
-            match frame::decode(&mut buf, limits) {
-                Ok(Some(Frame::Ack { received })) if link => acked = Some(received),
-                Ok(Some(Frame::Goodbye)) if link => {
-                    tracing::info!(peer = %shared.peer, "peer ended the session");
-                    shared
-                        .peer_goodbye
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                    shared.close("peer ended the session".into());
-                    ended = true;
-                    break;
-                }
-                Ok(Some(f)) => {
-                    got += before - buf.len();
-                    let (end, work) = shared.handle_frame(f, may_slice);
-                    for w in work {
-                        match w {
-                            Work::Connect(open, dest) => connect_for_peer(&shared, open, dest),
-                            Work::Bind(request, bind, dest) => {
-                                serve_bind(&shared, request, bind, dest)
-                            }
-                        }
-                    }
-                    if end {
-                        ended = true;
-                        break;
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    let why = format!("malformed frame from peer: {e}");
-                    tracing::warn!(peer = %shared.peer, "closing session: {why}");
-                    shared.close(why);
-                    return;
-                }
-            }
-        }
-        if link && !account(&shared, got, acked) {
-            return;
-        }
-        if ended {
-            return;
+        match decode_batch(&shared, &mut buf, limits, pins.may_slice(), id) {
+            Batch::More => {}
+            Batch::End => return,
         }
         if buf.capacity() - buf.len() < frame::MAX_FRAME_LEN {
             // Start a fresh buffer holding only the unfinished frame at the
@@ -131,42 +84,102 @@ pub(crate) async fn carrier_reader(
         }
         match r.read_buf(&mut buf).await {
             Ok(0) => {
-                return shared.carrier_failed(gen, "carrier closed by peer".into());
+                return shared.carrier_failed(id, "carrier closed by peer".into());
             }
             Ok(_) => {}
             Err(e) => {
-                return shared.carrier_failed(gen, format!("carrier read failed: {e}"));
+                return shared.carrier_failed(id, format!("carrier read failed: {e}"));
             }
         }
     }
 }
 
-/// Counts what arrived and applies the peer's ACK; wakes the writer when an
-/// ACK freed replay room or one of ours is due. `false`: the ACK was
-/// impossible and the session is closed.
-fn account(shared: &Arc<Shared>, got: usize, acked: Option<u64>) -> bool {
-    let wake = {
-        let Some(mut l) = shared.link() else {
-            return true;
-        };
-        l.rx.on_frame(got);
-        let freed = match acked.map(|a| l.replay.ack(a)) {
-            Some(Err(e)) => {
+enum Batch {
+    More,
+    End,
+}
+
+/// Hands every whole frame in `buf` to the core. With a link layer, all of
+/// it happens under the link lock, after checking that carrier `id` is
+/// still current, and the bytes are counted before the lock is let go: a
+/// carrier replaced meanwhile has nothing handed on, and nothing handed on
+/// goes uncounted (the peer would send it again after a resume).
+fn decode_batch(
+    shared: &Arc<Shared>,
+    buf: &mut BytesMut,
+    limits: DecodeLimits,
+    may_slice: bool,
+    id: CarrierId,
+) -> Batch {
+    let mut link = shared.link();
+    if link.as_ref().is_some_and(|l| !l.is_current(id)) {
+        return Batch::End;
+    }
+    // Link layer: bytes of whole frames handed to the core, and the peer's
+    // latest ACK.
+    let mut got = 0usize;
+    let mut acked = None;
+    let mut ended = false;
+    loop {
+        let before = buf.len();
+        match frame::decode(buf, limits) {
+            Ok(Some(Frame::Ack { received })) if link.is_some() => acked = Some(received),
+            Ok(Some(Frame::Goodbye)) if link.is_some() => {
+                drop(link.take());
+                tracing::info!(peer = %shared.peer, "peer ended the session");
+                shared
+                    .peer_goodbye
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                shared.close("peer ended the session".into());
+                return Batch::End;
+            }
+            Ok(Some(f)) => {
+                got += before - buf.len();
+                let (end, work) = shared.handle_frame(f, may_slice);
+                for w in work {
+                    match w {
+                        Work::Connect(open, dest) => connect_for_peer(shared, open, dest),
+                        Work::Bind(request, bind, dest) => serve_bind(shared, request, bind, dest),
+                    }
+                }
+                if end {
+                    ended = true;
+                    break;
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                drop(link.take());
+                let why = format!("malformed frame from peer: {e}");
+                tracing::warn!(peer = %shared.peer, "closing session: {why}");
+                shared.close(why);
+                return Batch::End;
+            }
+        }
+    }
+    if let Some(mut l) = link {
+        match l.on_input(id, got, acked) {
+            Ok(Input::Applied { wake }) => {
+                drop(l);
+                if wake {
+                    shared.wake_writer.notify_one();
+                }
+            }
+            Ok(Input::Stale) => return Batch::End,
+            Err(e) => {
                 drop(l);
                 let why = format!("bad acknowledgement from peer: {e}");
                 tracing::warn!(peer = %shared.peer, "closing session: {why}");
                 shared.close(why);
-                return false;
+                return Batch::End;
             }
-            Some(Ok(freed)) => freed,
-            None => false,
-        };
-        freed || l.rx.ack_due()
-    };
-    if wake {
-        shared.wake_writer.notify_one();
+        }
     }
-    true
+    if ended {
+        Batch::End
+    } else {
+        Batch::More
+    }
 }
 
 #[cfg(test)]

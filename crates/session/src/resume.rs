@@ -12,17 +12,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use longhaul_carrier::Carrier;
-use longhaul_proto::resume::{
-    lane_proof, proof, proof_matches, Attach, Attached, Refusal, SessionId, ATTACHED_LEN,
-    ATTACH_LEN,
-};
+use longhaul_proto::link::{AttachRefused, LinkLayer};
+use longhaul_proto::resume::{Attach, Attached, Refusal, SessionId, ATTACHED_LEN, ATTACH_LEN};
 use longhaul_proto::stripe::MAX_LANES;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::{Acceptor, SessionConfig, SessionError};
 use crate::handle::{build, decode_limits, replay_limit, Negotiated};
 use crate::kex::{binding, Share};
-use crate::link::{LinkState, Role};
+use crate::link::Role;
 use crate::runtime::{SessionHandle, Shared};
 
 /// What [`crate::Session::serve`] did with a carrier.
@@ -107,7 +105,7 @@ async fn exchange<T>(
 pub(crate) async fn open_new(
     carrier: &mut Carrier,
     config: &SessionConfig,
-) -> Result<LinkState, SessionError> {
+) -> Result<LinkLayer, SessionError> {
     let limit = replay_limit(config);
     let share = Share::new()?;
     let ours = share.public();
@@ -138,10 +136,14 @@ pub(crate) async fn open_new(
                 )));
             }
             tracing::debug!(session = %id, lanes, "resumable session opened");
-            Ok(
-                LinkState::new(limit, peer as usize, id, secret, String::new())
-                    .striped(lanes, peer as usize),
-            )
+            Ok(LinkLayer::new(
+                limit,
+                peer as usize,
+                lanes,
+                id,
+                secret,
+                String::new(),
+            ))
         }
         Attached::Refused(r) => Err(SessionError::ResumeRefused(r)),
         Attached::Resumed { .. } | Attached::Joined => Err(SessionError::Closed(
@@ -150,14 +152,12 @@ pub(crate) async fn open_new(
     }
 }
 
-/// Client: the next attempt number, for a resume or a lane: increasing,
-/// and ahead of any used before by this client even if it lost count
-/// (milliseconds since the epoch).
-fn next_attempt(l: &mut LinkState) {
-    let now = std::time::SystemTime::now()
+/// Milliseconds since the epoch: attempt numbers stay ahead of any used
+/// before by this client even if it lost count.
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    l.attempt = (l.attempt + 1).max(now);
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Client: the hello with `ask` written right behind it (the server
@@ -200,18 +200,10 @@ pub(crate) async fn resume_client(
         .stop_carrier("replaced by a new carrier")
         .await
         .map_err(SessionError::Closed)?;
-    let ask = {
-        let mut l = shared.link().ok_or(SessionError::NoResume)?;
-        next_attempt(&mut l);
-        let received = l.rx.received();
-        Attach::Resume {
-            id: l.id,
-            attempt: l.attempt,
-            received,
-            proof: proof(&l.secret, &l.id, l.attempt, received, &binding(&carrier)),
-            replay_limit: l.replay.limit() as u32,
-        }
-    };
+    let ask = shared
+        .link()
+        .ok_or(SessionError::NoResume)?
+        .resume_request(&binding(&carrier), wall_ms());
     let (n, answer) = attach_behind_hello(&mut carrier, config, &ask).await?;
     match answer {
         Attached::Resumed { received, .. } => {
@@ -243,26 +235,27 @@ pub(crate) async fn join_lane(
     if let Some(why) = shared.with(|m, _| m.dead().map(str::to_owned)) {
         return Err(SessionError::Closed(why));
     }
-    if *shared.detached_tx.borrow() {
-        return Err(SessionError::Closed(
-            "the session has no lane left: it must be resumed first".into(),
-        ));
-    }
     let ask = {
         let mut l = shared.link().ok_or(SessionError::NoResume)?;
-        next_attempt(&mut l);
-        Attach::Lane {
-            id: l.id,
-            attempt: l.attempt,
-            lane: number,
-            proof: lane_proof(&l.secret, &l.id, l.attempt, number, &binding(&carrier)),
+        if l.is_detached() {
+            return Err(SessionError::Closed(
+                "the session has no lane left: it must be resumed first".into(),
+            ));
         }
+        l.lane_request(number, &binding(&carrier), wall_ms())
     };
     let (n, answer) = attach_behind_hello(&mut carrier, config, &ask).await?;
     match answer {
         Attached::Joined => {
             let limits = decode_limits(config, &n);
-            shared.spawn_lane(carrier, limits, Vec::new(), 0, number);
+            // The last lane may have failed meanwhile: then only a resume
+            // attaches (the link layer refuses the lane).
+            let id = shared
+                .link()
+                .ok_or(SessionError::NoResume)?
+                .attach(number)
+                .map_err(|e| SessionError::Closed(e.why))?;
+            shared.spawn_lane(carrier, limits, id, number);
             Ok(())
         }
         Attached::Refused(r) => Err(SessionError::ResumeRefused(r)),
@@ -333,8 +326,7 @@ pub(crate) async fn serve_attach(
                 Ok(())
             })
             .await?;
-            let link = LinkState::new(limit, peer as usize, id, secret, identity)
-                .striped(lanes, peer as usize);
+            let link = LinkLayer::new(limit, peer as usize, lanes, id, secret, identity);
             let h = build(carrier, config, acceptor, n, Role::Server, Some(link));
             resumables.insert(id, &h.shared);
             tracing::debug!(session = %id, "resumable session started");
@@ -350,41 +342,15 @@ pub(crate) async fn serve_attach(
                 return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await;
             };
             let _attaching = shared.attach_lock.lock().await;
-            let running = shared.lane_ids().len();
-            let verdict = {
-                let Some(mut l) = shared.link() else {
-                    return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await;
-                };
-                let expected = lane_proof(&l.secret, &l.id, attempt, lane, &binding(&carrier));
-                let wanted = l.stripes.as_ref().map_or(0, |s| s.wanted as usize);
-                if l.identity != identity {
-                    Err(format!(
-                        "session {id} belongs to {}, not to {identity}",
-                        l.identity
-                    ))
-                } else if !proof_matches(&expected, &shown) {
-                    Err(format!(
-                        "wrong proof of the secret of session {id} for a lane"
-                    ))
-                } else if attempt <= l.attempt {
-                    Err(format!(
-                        "attempt {attempt} for session {id} was already used (a replayed lane?)"
-                    ))
-                } else if wanted < 2 {
-                    Err(format!("session {id} is not striped"))
-                } else if running >= wanted {
-                    Err(format!(
-                        "session {id} has its {wanted} lanes already (a lane more is refused)"
-                    ))
-                } else if *shared.detached_tx.borrow() {
-                    Err(format!("session {id} has no lane left: resume it first"))
-                } else {
-                    l.attempt = attempt;
-                    Ok(())
-                }
+            let bound = binding(&carrier);
+            let verdict = shared
+                .link()
+                .map(|mut l| l.check_lane(&identity, attempt, lane, &shown, &bound));
+            let Some(verdict) = verdict else {
+                return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await;
             };
-            if let Err(why) = verdict {
-                return refuse(carrier, Refusal::Denied, why).await;
+            if let Err(AttachRefused { refusal, why }) = verdict {
+                return refuse(carrier, refusal, format!("lane for {id}: {why}")).await;
             }
             exchange(&config, async {
                 carrier.writer.write_all(&Attached::Joined.encode()).await?;
@@ -393,8 +359,17 @@ pub(crate) async fn serve_attach(
             })
             .await?;
             let limits = decode_limits(&config, n);
-            shared.spawn_lane(carrier, limits, Vec::new(), 0, lane);
-            tracing::debug!(session = %id, lane, lanes = running + 1, "lane joined");
+            // The last lane may have failed since the check: then the lane
+            // is dropped, and the client resumes.
+            let attached = shared.link().map(|mut l| l.attach(lane));
+            let Some(Ok(lane_id)) = attached else {
+                tracing::info!(session = %id, lane, "lane dropped: the session lost its last lane meanwhile");
+                return Err(SessionError::Closed(
+                    "the session must be resumed first".into(),
+                ));
+            };
+            shared.spawn_lane(carrier, limits, lane_id, lane);
+            tracing::debug!(session = %id, lane, "lane joined");
             drop(_attaching);
             Ok(Served::Joined(SessionHandle { shared }))
         }
@@ -409,60 +384,40 @@ pub(crate) async fn serve_attach(
                 return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await;
             };
             let _attaching = shared.attach_lock.lock().await;
-            let verdict = {
-                let Some(mut l) = shared.link() else {
-                    return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await;
-                };
-                let expected = proof(&l.secret, &l.id, attempt, received, &binding(&carrier));
-                if l.identity != identity {
-                    Err(format!(
-                        "session {id} belongs to {}, not to {identity}",
-                        l.identity
-                    ))
-                } else if !proof_matches(&expected, &shown) {
-                    Err(format!("wrong proof of the secret of session {id}"))
-                } else if attempt <= l.attempt {
-                    Err(format!(
-                        "attempt {attempt} for session {id} was already used (a replayed resume?)"
-                    ))
-                } else {
-                    l.attempt = attempt;
-                    Ok(())
-                }
+            // Checked before the live carrier is touched: the proof, the
+            // identity, the attempt, and an offset that fits what was sent.
+            let bound = binding(&carrier);
+            let verdict = shared
+                .link()
+                .map(|mut l| l.check_resume(&identity, attempt, received, &shown, &bound));
+            let Some(verdict) = verdict else {
+                return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await;
             };
-            if let Err(why) = verdict {
-                return refuse(carrier, Refusal::Denied, why).await;
+            if let Err(AttachRefused { refusal, why }) = verdict {
+                return refuse(carrier, refusal, why).await;
             }
             if shared.is_dead() {
                 return refuse(carrier, Refusal::Unknown, format!("session {id} ended")).await;
-            }
-            // What we sent only grows: an offset beyond it now never fits,
-            // and is refused before the live carrier is touched.
-            let sent_now = shared.link().map_or(0, |l| l.replay.sent());
-            if received > sent_now {
-                let why = format!(
-                    "session {id}: client has {received} bytes, but only {sent_now} were sent (is possible: ≤ {sent_now})"
-                );
-                return refuse(carrier, Refusal::BadOffset, why).await;
             }
             // The client may have seen its carrier die before we did; and
             // the old carrier's tasks end before anything is counted.
             if let Err(why) = shared.stop_carrier("replaced by a resumed carrier").await {
                 return refuse(carrier, Refusal::Unknown, why).await;
             }
-            let (sent, acked, ours) = {
-                let l = shared.link().expect("checked above");
-                (l.replay.sent(), l.replay.acked(), l.rx.received())
+            // What the peer acknowledged may have moved since the check.
+            let offsets = shared
+                .link()
+                .map(|l| (l.check_offset(received), l.received()));
+            let ours = match offsets {
+                Some((Ok(()), ours)) => ours,
+                Some((Err(AttachRefused { refusal, why }), _)) => {
+                    return refuse(carrier, refusal, why).await
+                }
+                None => return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await,
             };
-            if received > sent || received < acked {
-                let why = format!(
-                    "session {id}: client has {received} bytes, but {acked}..={sent} is possible"
-                );
-                return refuse(carrier, Refusal::BadOffset, why).await;
-            }
             let answer = Attached::Resumed {
                 received: ours,
-                replay_limit: shared.link().map_or(0, |l| l.replay.limit()) as u32,
+                replay_limit: shared.link().map_or(0, |l| l.replay().limit()) as u32,
             };
             exchange(&config, async {
                 carrier.writer.write_all(&answer.encode()).await?;

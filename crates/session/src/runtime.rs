@@ -15,7 +15,9 @@ use tokio::task::AbortHandle;
 
 use crate::config::{Acceptor, OpenRefused, SessionConfig};
 use crate::inbound::InQueue;
-use crate::link::{CarrierSlot, LinkState, Role};
+use crate::link::{CarrierSlot, Role};
+use crate::reader::Pins;
+use longhaul_proto::link::LinkLayer;
 
 /// What a stream's pumps share with the rest of the session without taking
 /// the session lock: their wake-ups and the inbound queue.
@@ -148,7 +150,10 @@ pub(crate) struct State {
 pub(crate) struct Shared {
     pub st: Mutex<State>,
     /// The link layer, when both sides offered resume.
-    pub link: Option<Mutex<LinkState>>,
+    pub link: Option<Mutex<LinkLayer>>,
+    /// A striped session's chunk buffers still referenced by queued
+    /// payloads (taken under the link lock).
+    pub lane_pins: Mutex<Pins>,
     /// The current carrier's tasks.
     pub carrier: Mutex<CarrierSlot>,
     pub role: Role,
@@ -188,10 +193,11 @@ impl Shared {
         acceptor: Arc<dyn Acceptor>,
         peer: String,
         role: Role,
-        link: Option<LinkState>,
+        link: Option<LinkLayer>,
     ) -> Shared {
         Shared {
-            striped: link.as_ref().is_some_and(|l| l.stripes.is_some()),
+            striped: link.as_ref().is_some_and(LinkLayer::is_striped),
+            lane_pins: Mutex::new(Pins::default()),
             lanes_tx: watch::channel(0).0,
             link: link.map(Mutex::new),
             carrier: Mutex::new(CarrierSlot::default()),

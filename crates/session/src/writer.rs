@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use longhaul_carrier::{BoxWrite, UrgentFlag, UrgentSend};
 use longhaul_proto::frame::Frame;
-use longhaul_proto::link::Replay;
+use longhaul_proto::link::{CarrierId, LinkLayer};
 use longhaul_proto::outframe::OutFrame;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
@@ -38,7 +38,7 @@ pub(crate) async fn carrier_writer(
     mut w: BoxWrite,
     urgent: Option<Box<dyn UrgentSend>>,
     flag: Option<UrgentFlag>,
-    gen: u64,
+    id: CarrierId,
     stop: Arc<Notify>,
     resend: Vec<OutFrame>,
 ) {
@@ -69,7 +69,7 @@ pub(crate) async fn carrier_writer(
         }
         Some(End::Failed(why)) => {
             save_leftover(&shared, batch);
-            shared.carrier_failed(gen, why);
+            shared.carrier_failed(id, why);
         }
         // Stopped: the carrier is being replaced or the session closed.
         None => save_leftover(&shared, batch),
@@ -79,16 +79,10 @@ pub(crate) async fn carrier_writer(
 /// Keeps what the writer took from the multiplexer and had not started,
 /// for the next carrier. A started frame is in the replay buffer already;
 /// ACKs are made afresh.
-fn save_leftover(shared: &Shared, mut batch: VecDeque<OutFrame>) {
-    let Some(mut l) = shared.link() else {
-        return;
-    };
-    if batch.front().is_some_and(|f| f.started) {
-        batch.pop_front();
+fn save_leftover(shared: &Shared, batch: VecDeque<OutFrame>) {
+    if let Some(mut l) = shared.link() {
+        l.save_leftover(batch);
     }
-    batch.retain(|f| !f.is_link());
-    // Anything saved by an earlier generation and not yet taken goes first.
-    l.leftover.extend(batch);
 }
 
 /// Writes `frames` whole (already recorded in the replay buffer).
@@ -116,7 +110,7 @@ async fn write_loop(
         return failed(e);
     }
     if let Some(mut l) = shared.link() {
-        batch.extend(l.leftover.drain(..));
+        batch.extend(l.take_leftover());
     }
     let mut backed_up = false;
     let mut drained = true;
@@ -130,7 +124,7 @@ async fn write_loop(
         if let Some(l) = shared.link() {
             // The replay buffer full: wait for the peer's ACK as for a
             // full socket (control frames still go).
-            limit = limit.min(l.replay.room());
+            limit = limit.min(l.room());
         }
         // Streams waiting for queue room are told (`with` dispatches).
         let (dead, goodbye) = shared.with(|m, _| {
@@ -160,8 +154,8 @@ async fn write_loop(
         if let Some(mut l) = shared.link() {
             // An ACK rides in front of whatever goes out, or goes alone when
             // the peer's replay buffer needs it.
-            if !batch.front().is_some_and(|f| f.started) && (l.rx.ack_due() || !batch.is_empty()) {
-                if let Some(ack) = l.rx.take_ack() {
+            if !batch.front().is_some_and(|f| f.started) {
+                if let Some(ack) = l.ack_to_send(!batch.is_empty()) {
                     batch.retain(|f| !f.is_link());
                     batch.push_front(OutFrame::encoded(ack.to_bytes().expect("a fixed frame")));
                 }
@@ -227,7 +221,7 @@ const URGENT_RETRY: std::time::Duration = std::time::Duration::from_millis(1);
 
 fn record_advance(shared: &Shared, batch: &mut VecDeque<OutFrame>, n: usize) {
     match shared.link() {
-        Some(mut l) => advance(batch, n, Some(&mut l.replay)),
+        Some(mut l) => advance(batch, n, Some(&mut l)),
         None => advance(batch, n, None),
     }
 }
@@ -252,7 +246,7 @@ fn iovecs(batch: &VecDeque<OutFrame>, upto: usize) -> Vec<IoSlice<'_>> {
 /// Marks `n` bytes of the batch as written. With a link layer (`replay`),
 /// each frame is recorded for a possible replay as it starts going out, so
 /// sequence numbers follow the order on the wire.
-fn advance(batch: &mut VecDeque<OutFrame>, mut n: usize, mut replay: Option<&mut Replay>) {
+fn advance(batch: &mut VecDeque<OutFrame>, mut n: usize, mut replay: Option<&mut LinkLayer>) {
     while n > 0 {
         let Some(front) = batch.front_mut() else {
             break;

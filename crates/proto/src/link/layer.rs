@@ -300,8 +300,10 @@ impl LinkLayer {
         }
     }
 
+    /// Checks who asks and their proof (the caller then spends the
+    /// attempt number).
     fn check_proof(
-        &mut self,
+        &self,
         owner: &str,
         attempt: u64,
         expected: [u8; 32],
@@ -324,7 +326,6 @@ impl LinkLayer {
                 format!("attempt {attempt} for session {id} was already used (replayed?)"),
             )
         } else {
-            self.attempt = attempt;
             Ok(())
         }
     }
@@ -341,6 +342,8 @@ impl LinkLayer {
     ) -> Result<(), AttachRefused> {
         let expected = proof(&self.secret, &self.id, attempt, received, binding);
         self.check_proof(owner, attempt, expected, shown)?;
+        // A proof shown is spent, whatever else is wrong.
+        self.attempt = attempt;
         self.check_offset(received)
     }
 
@@ -369,9 +372,10 @@ impl LinkLayer {
         shown: &[u8; 32],
         binding: &Binding,
     ) -> Result<(), AttachRefused> {
-        self.lane_room()?;
         let expected = lane_proof(&self.secret, &self.id, attempt, lane, binding);
-        self.check_proof(owner, attempt, expected, shown)
+        self.check_proof(owner, attempt, expected, shown)?;
+        self.attempt = attempt;
+        self.lane_room()
     }
 
     /// Attaches a carrier to the detached session after the resume
