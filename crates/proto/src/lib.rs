@@ -26,10 +26,13 @@
 //! * [`stripe`] — a striped session's chunks: the reorder buffer that puts
 //!   them back in order and the record of which lane carries which, so a
 //!   lost or stalled lane's chunks go again on another.
+//! * [`connection`] — all of the above for one session as one state
+//!   machine: the multiplexer over the link layer, fed by carrier id.
 //! * [`outframe`] — a frame waiting for the carrier, header and payload
 //!   kept apart so DATA is never copied.
 #![forbid(unsafe_code)]
 
+pub mod connection;
 pub mod drr;
 pub mod frame;
 pub mod handshake;

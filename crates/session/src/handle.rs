@@ -16,6 +16,7 @@ use crate::link::Role;
 use crate::local::LocalStream;
 use crate::resume::{Resumables, Served};
 use crate::runtime::{SessionHandle, Shared};
+use longhaul_proto::connection::Connection;
 use longhaul_proto::link::LinkLayer;
 
 /// How long a closing session's writer may still take to write what it
@@ -218,10 +219,11 @@ pub(crate) fn build(
     let peer = carrier.peer.clone();
     let mut link = link;
     let first = link.as_mut().map_or(Ok(0), |l| l.attach(0));
-    let shared = Arc::new(Shared::new(mux, config, acceptor, peer, role, link));
+    let conn = Connection::new(mux, link, limits);
+    let shared = Arc::new(Shared::new(conn, config, acceptor, peer, role));
     match first {
         Ok(id) if shared.striped => shared.spawn_lane(carrier, limits, id, 0),
-        Ok(id) => shared.spawn_carrier(carrier, limits, id, Vec::new()),
+        Ok(id) => shared.spawn_carrier(carrier, id, Vec::new()),
         Err(e) => unreachable!("a session's first carrier attaches: {e:?}"),
     }
     let house = tokio::spawn(housekeeping(shared.clone()));
@@ -423,7 +425,7 @@ impl SessionHandle {
     /// Whether the session can outlive its carrier (both sides offered
     /// resume).
     pub fn is_resumable(&self) -> bool {
-        self.shared.link.is_some()
+        self.shared.resumable
     }
 
     /// The session's id on the server (resumable sessions only): the same

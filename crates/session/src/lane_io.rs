@@ -16,8 +16,9 @@ use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
 use longhaul_carrier::{BoxRead, BoxWrite, PathProbe};
+use longhaul_proto::connection::{Connection, LaneOutput, Received};
 use longhaul_proto::frame::{self, DecodeLimits, Frame};
-use longhaul_proto::link::{CarrierId, Chunk};
+use longhaul_proto::link::CarrierId;
 use longhaul_proto::stripe::{chunk_target, CHUNK_MAX};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
@@ -72,77 +73,18 @@ async fn write_pieces(w: &mut BoxWrite, pieces: &mut Pieces) -> io::Result<()> {
     Ok(())
 }
 
-enum Take {
-    Job(Chunk),
-    Idle,
-    Stop,
-    Closed,
-    Goodbye(String),
-}
-
-/// Asks the link layer for this lane's next chunk; the frames come from
-/// the multiplexer within the budget it sets (control frames first).
-fn take_job(shared: &Arc<Shared>, id: CarrierId, target: usize) -> Take {
-    let Some(mut l) = shared.link() else {
-        return Take::Stop;
-    };
-    if !l.is_current(id) {
-        return Take::Stop;
-    }
-    let now = shared.now_ns();
-    let mut dead = false;
-    let mut goodbye = None;
-    let chunk = l.next_chunk(id, target, now, |budget, batch| {
-        let carried = !batch.is_empty();
-        shared.with(|m, _| {
-            if m.dead().is_some() {
-                dead = true;
-                return false;
-            }
-            let mut control = 0;
-            let mut control_left = true;
-            while control < budget.control && batch.len() < budget.frames {
-                match m.pop_control_if(|_| true) {
-                    Some(f) => {
-                        control += f.remaining();
-                        batch.push_back(f);
-                    }
-                    None => {
-                        control_left = false;
-                        break;
-                    }
-                }
-            }
-            if !control_left && budget.bytes > control {
-                let frames = budget.frames.saturating_sub(batch.len());
-                m.poll_transmit(batch, budget.bytes - control, frames);
-            }
-            let more = m.has_output();
-            goodbye = m
-                .goodbye_done()
-                .filter(|_| batch.is_empty() && !more && !carried)
-                .map(str::to_owned);
-            more
-        })
-    });
-    if dead {
-        return Take::Closed;
-    }
-    if let Some(why) = goodbye {
-        return Take::Goodbye(why);
-    }
-    match chunk {
-        Some(c) => {
-            if c.more && c.len > 0 {
-                // Another lane may take the rest. (Only after taking some: a
-                // lane that could take nothing must not wake the others into
-                // finding nothing either, round and round.)
-                shared.wake_writer.notify_one();
-            }
-            Take::Job(c)
+/// Asks the connection for this lane's next chunk.
+fn take_job(shared: &Arc<Shared>, id: CarrierId, target: usize) -> LaneOutput {
+    let out = shared.with_conn(|c, now| c.poll_chunk(id, target, now));
+    if let LaneOutput::Chunk(c) = &out {
+        if c.more && c.len > 0 {
+            // Another lane may take the rest. (Only after taking some: a
+            // lane that could take nothing must not wake the others into
+            // finding nothing either, round and round.)
+            shared.wake_writer.notify_one();
         }
-        None => Take::Idle,
     }
+    out
 }
 
 pub(crate) async fn lane_writer(
@@ -193,7 +135,7 @@ async fn lane_loop(
     loop {
         let rate = probe.and_then(|p| p.path()).map_or(0, |p| p.delivery_rate);
         match take_job(shared, id, chunk_target(rate)) {
-            Take::Job(mut c) => {
+            LaneOutput::Chunk(mut c) => {
                 if let Err(e) = write_pieces(w, &mut c.pieces).await {
                     if shared.is_dead() {
                         return End::Closed;
@@ -206,7 +148,7 @@ async fn lane_loop(
                 }
                 dirty = true;
             }
-            Take::Idle if dirty => {
+            LaneOutput::Idle if dirty => {
                 // TLS and WebSocket keep bytes until flushed; new work may
                 // interrupt a flush that waits on a full socket.
                 tokio::select! {
@@ -218,15 +160,15 @@ async fn lane_loop(
                     _ = kick.notified() => {}
                 }
             }
-            Take::Idle => {
+            LaneOutput::Idle => {
                 tokio::select! {
                     _ = shared.wake_writer.notified() => {}
                     _ = kick.notified() => {}
                 }
             }
-            Take::Stop => return End::Stopped,
-            Take::Closed => return End::Closed,
-            Take::Goodbye(why) => {
+            LaneOutput::Stale => return End::Stopped,
+            LaneOutput::Dead => return End::Closed,
+            LaneOutput::Goodbye(why) => {
                 let _ = w.flush().await;
                 shared.close(why);
                 return End::Closed;
@@ -251,7 +193,7 @@ pub(crate) async fn lane_reader(
         loop {
             match frame::decode(&mut buf, limits) {
                 Ok(Some(Frame::Ack { received })) => {
-                    if !apply_ack(&shared, received) {
+                    if !lane_input(&shared, |c, now| c.on_ack(id, received, now)) {
                         return;
                     }
                 }
@@ -278,10 +220,8 @@ pub(crate) async fn lane_reader(
                         }
                     }
                     counters.received.fetch_add(len as u64, Ordering::Relaxed);
-                    match deliver(&shared, id, offset, chunk, limits) {
-                        Ok(true) => {}
-                        Ok(false) => return,
-                        Err(why) => return violation(why),
+                    if !lane_input(&shared, |c, now| c.on_chunk(id, offset, chunk, now)) {
+                        return;
                     }
                 }
                 Ok(Some(f)) => {
@@ -305,95 +245,24 @@ pub(crate) async fn lane_reader(
     }
 }
 
-/// Applies the peer's ACK; `false`: it was impossible and the session is
-/// closed.
-fn apply_ack(shared: &Arc<Shared>, received: u64) -> bool {
-    shared.with(|m, now| m.heard(now));
-    let freed = match shared.link().map(|mut l| l.on_ack(received)) {
-        None | Some(Ok(false)) => false,
-        Some(Ok(true)) => true,
-        Some(Err(e)) => {
-            let why = format!("bad acknowledgement from peer: {e}");
-            tracing::warn!(peer = %shared.peer, "closing session: {why}");
-            shared.close(why);
-            return false;
+/// Hands what a lane read to the connection (`f`), then starts the work
+/// the peer's frames asked for. `false`: stop reading (the lane was
+/// replaced, or the session ended).
+fn lane_input(shared: &Arc<Shared>, f: impl FnOnce(&mut Connection, u64) -> Received) -> bool {
+    let (r, work) = shared.input(f);
+    for w in work {
+        match w {
+            Work::Connect(open, dest) => connect_for_peer(shared, open, dest),
+            Work::Bind(request, bind, dest) => serve_bind(shared, request, bind, dest),
         }
-    };
-    if freed {
-        shared.wake_writer.notify_one();
     }
-    true
-}
-
-/// Hands a chunk to the link layer and the frames of every run now in
-/// order to the multiplexer, all under the link lock (so a lane dropped
-/// meanwhile cannot have half of it counted). `Ok(false)`: stop reading
-/// (the lane was replaced, or the session ended); `Err`: the peer broke
-/// the protocol.
-fn deliver(
-    shared: &Arc<Shared>,
-    id: CarrierId,
-    offset: u64,
-    chunk: BytesMut,
-    limits: DecodeLimits,
-) -> Result<bool, String> {
-    shared.with(|m, now| m.heard(now));
-    let mut l = shared.link().ok_or("no link layer")?;
-    // Chunk buffers still referenced by queued payloads, for the whole
-    // session (one allowance, whatever the number of lanes).
-    let mut pins = shared.lane_pins.lock().unwrap_or_else(|p| p.into_inner());
-    match l.on_chunk(id, offset, chunk) {
-        Ok(true) => {}
-        Ok(false) => return Ok(false),
-        Err(e) => return Err(format!("bad chunk from peer: {e}")),
-    }
-    while let Some(mut run) = l.next_run() {
-        let may_slice = pins.may_slice();
-        let sentinel = run.split_to(0).freeze();
-        loop {
-            match frame::decode(&mut run, limits) {
-                Ok(Some(Frame::Goodbye)) => {
-                    drop(pins);
-                    drop(l);
-                    tracing::info!(peer = %shared.peer, "peer ended the session");
-                    shared.peer_goodbye.store(true, Ordering::Relaxed);
-                    shared.close("peer ended the session".into());
-                    return Ok(false);
-                }
-                Ok(Some(f @ (Frame::Ack { .. } | Frame::Chunk { .. }))) => {
-                    return Err(format!(
-                        "link message type {} inside a chunk",
-                        f.type_code()
-                    ))
-                }
-                Ok(Some(f)) => {
-                    let (end, work) = shared.handle_frame(f, may_slice);
-                    for w in work {
-                        match w {
-                            Work::Connect(open, dest) => connect_for_peer(shared, open, dest),
-                            Work::Bind(request, bind, dest) => {
-                                serve_bind(shared, request, bind, dest)
-                            }
-                        }
-                    }
-                    if end {
-                        return Ok(false);
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => return Err(format!("malformed frame from peer: {e}")),
+    match r {
+        Received::Taken { wake } => {
+            if wake {
+                shared.wake_writer.notify_one();
             }
+            true
         }
-        if !run.is_empty() {
-            return Err("a chunk from the peer ends inside a frame".into());
-        }
-        pins.retire(sentinel);
+        Received::Stale | Received::Ended => false,
     }
-    let due = l.ack_wanted();
-    drop(pins);
-    drop(l);
-    if due {
-        shared.wake_writer.notify_one();
-    }
-    Ok(true)
 }

@@ -17,8 +17,9 @@ use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use longhaul_carrier::{Carrier, PathProbe};
+use longhaul_proto::connection::Loss;
 use longhaul_proto::frame::DecodeLimits;
-use longhaul_proto::link::{CarrierId, LinkLayer, Lost, DEFAULT_REPLAY_LIMIT};
+use longhaul_proto::link::{CarrierId, Lost, DEFAULT_REPLAY_LIMIT};
 use longhaul_proto::outframe::OutFrame;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -77,12 +78,6 @@ pub(crate) struct CarrierSlot {
 pub(crate) const STOP_GRACE: Duration = Duration::from_secs(2);
 
 impl Shared {
-    pub(crate) fn link(&self) -> Option<MutexGuard<'_, LinkLayer>> {
-        self.link
-            .as_ref()
-            .map(|l| l.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
     pub(crate) fn slot(&self) -> MutexGuard<'_, CarrierSlot> {
         self.carrier.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -93,7 +88,6 @@ impl Shared {
     pub(crate) fn spawn_carrier(
         self: &Arc<Self>,
         carrier: Carrier,
-        limits: DecodeLimits,
         id: CarrierId,
         resend: Vec<OutFrame>,
     ) {
@@ -104,7 +98,6 @@ impl Shared {
         slot.reader = Some(tokio::spawn(carrier_reader(
             self.clone(),
             carrier.reader,
-            limits,
             id,
         )));
         slot.writer = Some(tokio::spawn(carrier_writer(
@@ -127,22 +120,20 @@ impl Shared {
     /// the session detached, waiting for a resume. Any session without a
     /// link layer closes.
     pub(crate) fn carrier_failed(self: &Arc<Self>, id: CarrierId, why: String) {
-        let resumable = self.link.is_some()
-            && self.with(|m, _| m.dead().is_none() && m.goodbye_done().is_none());
-        if !resumable {
-            tracing::info!(peer = %self.peer, "{why}");
-            return self.close(why);
-        }
-        let now = self.now_ns();
         let mut slot = self.slot();
-        let (lost, held, sent) = {
-            let mut l = self.link().expect("resumable");
-            let lost = l.carrier_lost(id, now);
-            (lost, l.replay().held(), l.replay().sent())
-        };
-        match lost {
-            Lost::Stale => {}
-            Lost::Lane { left, resent } => {
+        let (loss, held, sent) = self.with_conn_quiet(|c, now| {
+            let loss = c.carrier_lost(id, now, &why);
+            let r = c.link().map(|l| (l.replay().held(), l.replay().sent()));
+            let (held, sent) = r.unwrap_or_default();
+            (loss, held, sent)
+        });
+        match loss {
+            Loss::Closed => {
+                drop(slot);
+                tracing::info!(peer = %self.peer, "{why}");
+            }
+            Loss::Link(Lost::Stale) => {}
+            Loss::Link(Lost::Lane { left, resent }) => {
                 let number = self.retire_lane(&mut slot, id);
                 drop(slot);
                 // Its chunks wait for the others; every lane looks.
@@ -155,7 +146,7 @@ impl Shared {
                     "lane lost ({why}); the session goes on over the others"
                 );
             }
-            Lost::Detached => {
+            Loss::Link(Lost::Detached) => {
                 if self.striped {
                     self.retire_lane(&mut slot, id);
                 } else {
@@ -169,7 +160,6 @@ impl Shared {
                 }
                 self.detached_tx.send_replace(true);
                 drop(slot);
-                self.with(|m, now| m.set_attached(false, now));
                 tracing::warn!(
                     peer = %self.peer,
                     unacknowledged = held,
@@ -250,21 +240,23 @@ impl Shared {
         limits: DecodeLimits,
         peer_received: u64,
     ) -> Result<u64, longhaul_proto::link::LinkError> {
-        let now = self.now_ns();
-        let (id, resend, outage, bytes) = {
-            let mut l = self.link().expect("resume needs a link layer");
-            let outage = l.detached_for(now);
-            let before = l.replayed();
-            let (id, resend) = l.resume(0, peer_received, now)?;
-            (id, resend, outage, l.replayed() - before)
-        };
-        self.with(|m, now| m.set_attached(true, now));
+        let (id, resend, outage, bytes) = self.with_conn(|c, now| {
+            let (outage, before) = c
+                .link()
+                .map(|l| (l.detached_for(now), l.replayed()))
+                .unwrap_or_default();
+            let (id, resend) = c.resume(0, peer_received, now)?;
+            // As the hello on the new carrier agreed.
+            c.set_limits(limits);
+            let bytes = c.link().map_or(0, |l| l.replayed()) - before;
+            Ok::<_, longhaul_proto::link::LinkError>((id, resend, outage, bytes))
+        })?;
         // A silence found on the old carrier is not this one's.
         let _ = self.take_silent();
         if self.striped {
             self.spawn_lane(carrier, limits, id, 0);
         } else {
-            self.spawn_carrier(carrier, limits, id, resend);
+            self.spawn_carrier(carrier, id, resend);
         }
         tracing::info!(
             peer = %self.peer,

@@ -186,7 +186,7 @@ pub(crate) async fn resume_client(
     shared: &Arc<Shared>,
     mut carrier: Carrier,
 ) -> Result<u64, SessionError> {
-    if shared.link.is_none() {
+    if !shared.resumable {
         return Err(SessionError::NoResume);
     }
     if let Some(why) = shared.with(|m, _| m.dead().map(str::to_owned)) {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use longhaul_proto::frame::Frame;
+use longhaul_proto::connection::{Connection, Received};
 use longhaul_proto::mux::{Event, IncomingOpen, Mux, Refused};
 use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::AbortHandle;
@@ -16,7 +16,6 @@ use tokio::task::AbortHandle;
 use crate::config::{Acceptor, OpenRefused, SessionConfig};
 use crate::inbound::InQueue;
 use crate::link::{CarrierSlot, Role};
-use crate::reader::Pins;
 use longhaul_proto::link::LinkLayer;
 
 /// What a stream's pumps share with the rest of the session without taking
@@ -124,14 +123,12 @@ pub(crate) enum Work {
 }
 
 pub(crate) struct State {
-    mux: Mux,
+    /// The protocol: multiplexer and link layer.
+    conn: Connection,
     streams: HashMap<u32, StreamRt>,
     /// Openers waiting for the peer's answer.
     opens: HashMap<u32, OpenReply>,
     binds: HashMap<u32, BindReply>,
-    /// DATA may be queued as slices of the carrier's read buffer (the
-    /// reader says so before each batch of frames).
-    may_slice: bool,
     work: Vec<Work>,
     /// `teardown` has run: waiters told, tasks stopping.
     torn_down: bool,
@@ -149,11 +146,8 @@ pub(crate) struct State {
 
 pub(crate) struct Shared {
     pub st: Mutex<State>,
-    /// The link layer, when both sides offered resume.
-    pub link: Option<Mutex<LinkLayer>>,
-    /// A striped session's chunk buffers still referenced by queued
-    /// payloads (taken under the link lock).
-    pub lane_pins: Mutex<Pins>,
+    /// Both sides offered resume: the connection has a link layer.
+    pub resumable: bool,
     /// The current carrier's tasks.
     pub carrier: Mutex<CarrierSlot>,
     pub role: Role,
@@ -188,29 +182,26 @@ fn refused(r: Refused) -> OpenRefused {
 
 impl Shared {
     pub fn new(
-        mux: Mux,
+        conn: Connection,
         config: SessionConfig,
         acceptor: Arc<dyn Acceptor>,
         peer: String,
         role: Role,
-        link: Option<LinkLayer>,
     ) -> Shared {
         Shared {
-            striped: link.as_ref().is_some_and(LinkLayer::is_striped),
-            lane_pins: Mutex::new(Pins::default()),
+            striped: conn.is_striped(),
+            resumable: conn.link().is_some(),
             lanes_tx: watch::channel(0).0,
-            link: link.map(Mutex::new),
             carrier: Mutex::new(CarrierSlot::default()),
             role,
             detached_tx: watch::channel(false).0,
             attach_lock: tokio::sync::Mutex::new(()),
             peer_goodbye: std::sync::atomic::AtomicBool::new(false),
             st: Mutex::new(State {
-                mux,
+                conn,
                 streams: HashMap::new(),
                 opens: HashMap::new(),
                 binds: HashMap::new(),
-                may_slice: true,
                 work: Vec::new(),
                 torn_down: false,
                 silent: None,
@@ -236,7 +227,7 @@ impl Shared {
 
     /// The session is over.
     pub fn is_dead(&self) -> bool {
-        self.lock().mux.dead().is_some()
+        self.lock().conn.mux().dead().is_some()
     }
 
     pub fn now_ns(&self) -> u64 {
@@ -248,7 +239,7 @@ impl Shared {
     /// core.
     pub fn with<R>(self: &Arc<Self>, f: impl FnOnce(&mut Mux, u64) -> R) -> R {
         let mut st = self.lock();
-        let r = f(&mut st.mux, self.now_ns());
+        let r = f(st.conn.mux_mut(), self.now_ns());
         self.dispatch(&mut st);
         r
     }
@@ -256,24 +247,24 @@ impl Shared {
     /// Closes the whole session for a reason of ours (already logged).
     pub fn close(self: &Arc<Self>, why: String) {
         let mut st = self.lock();
-        st.mux.close(why);
+        st.conn.mux_mut().close(why);
         self.dispatch_quiet(&mut st);
     }
 
     /// Acts on everything the core asked for; wakes the writer when it has
     /// something to send. Logs the reason if the core ended the session.
     pub fn dispatch(self: &Arc<Self>, st: &mut State) {
-        if let (Some(why), false) = (st.mux.dead(), st.torn_down) {
+        if let (Some(why), false) = (st.conn.mux_mut().dead(), st.torn_down) {
             tracing::warn!(peer = %self.peer, "closing session: {why}");
         }
         self.dispatch_quiet(st);
     }
 
     fn dispatch_quiet(self: &Arc<Self>, st: &mut State) {
-        while let Some(ev) = st.mux.poll_event() {
+        while let Some(ev) = st.conn.mux_mut().poll_event() {
             self.on_event(st, ev);
         }
-        if let (Some(why), false) = (st.mux.dead().map(str::to_owned), st.torn_down) {
+        if let (Some(why), false) = (st.conn.mux_mut().dead().map(str::to_owned), st.torn_down) {
             st.torn_down = true;
             for (_, s) in st.streams.drain() {
                 if let Some(a) = s.uplink {
@@ -289,7 +280,7 @@ impl Shared {
             st.binds.clear();
             self.closed_tx.send_replace(Some(why));
             self.wake_writer.notify_one();
-        } else if st.mux.take_new_output() {
+        } else if st.conn.mux_mut().take_new_output() {
             self.wake_writer.notify_one();
         }
     }
@@ -301,7 +292,7 @@ impl Shared {
                     let mut ib = s.io.inbox();
                     if !ib.closed {
                         // Bounded by the receive window the core checked.
-                        let slice = st.may_slice && !ib.blocked;
+                        let slice = st.conn.may_slice() && !ib.blocked;
                         ib.q.push(payload, slice);
                         drop(ib);
                         s.io.down.notify_one();
@@ -316,12 +307,12 @@ impl Shared {
                         ib.closed
                     };
                     if closed {
-                        st.mux.eof_delivered(id);
+                        st.conn.mux_mut().eof_delivered(id);
                     } else {
                         s.io.down.notify_one();
                     }
                 }
-                None => st.mux.eof_delivered(id),
+                None => st.conn.mux_mut().eof_delivered(id),
             },
             Event::Finished { id, discard, reset } => {
                 if let Some(s) = st.streams.remove(&id) {
@@ -329,7 +320,7 @@ impl Shared {
                         a.abort();
                     }
                     s.io.up.notify_one();
-                    if st.mux.dead().is_some() {
+                    if st.conn.mux_mut().dead().is_some() {
                         s.io.abort_inbox();
                     } else {
                         s.io.close_inbox(discard, reset);
@@ -360,7 +351,7 @@ impl Shared {
                     st.streams.remove(&id);
                 } else if !delivered {
                     // The opener went away meanwhile.
-                    st.mux.abandon(id);
+                    st.conn.mux_mut().abandon(id);
                 }
             }
             Event::BindRequest {
@@ -377,19 +368,49 @@ impl Shared {
         }
     }
 
-    /// Hands one frame from the peer to the core; returns whether the
-    /// session ended and the work the frame asked for.
-    pub fn handle_frame(self: &Arc<Self>, f: Frame, may_slice: bool) -> (bool, Vec<Work>) {
+    /// Runs `f` (input from a carrier) on the connection under the session
+    /// lock, then acts on its events; returns what it said and the work
+    /// the peer's frames asked for.
+    pub fn input(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Connection, u64) -> Received,
+    ) -> (Received, Vec<Work>) {
         let mut st = self.lock();
-        st.may_slice = may_slice;
-        let now = self.now_ns();
-        // A frame is proof of life: no separate lock per carrier read.
-        st.mux.heard(now);
-        let r = st.mux.handle_frame(f, now);
-        // A violation is logged by `dispatch`, with its reason.
+        let r = f(&mut st.conn, self.now_ns());
+        if r == Received::Ended && st.conn.peer_goodbye() && !st.torn_down {
+            tracing::info!(peer = %self.peer, "peer ended the session");
+            self.peer_goodbye
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            self.dispatch_quiet(&mut st);
+        } else {
+            // A violation is logged by `dispatch`, with its reason.
+            self.dispatch(&mut st);
+        }
+        (r, std::mem::take(&mut st.work))
+    }
+
+    /// Runs `f` on the whole connection (multiplexer and link layer) under
+    /// the session lock, then acts on its events.
+    pub fn with_conn<R>(self: &Arc<Self>, f: impl FnOnce(&mut Connection, u64) -> R) -> R {
+        let mut st = self.lock();
+        let r = f(&mut st.conn, self.now_ns());
         self.dispatch(&mut st);
-        let ended = r.is_err() || st.mux.dead().is_some();
-        (ended, std::mem::take(&mut st.work))
+        r
+    }
+
+    /// Like [`Shared::with_conn`], without logging the session's end (the
+    /// caller says why).
+    pub fn with_conn_quiet<R>(self: &Arc<Self>, f: impl FnOnce(&mut Connection, u64) -> R) -> R {
+        let mut st = self.lock();
+        let r = f(&mut st.conn, self.now_ns());
+        self.dispatch_quiet(&mut st);
+        r
+    }
+
+    /// The link layer, under the session lock (resumable sessions).
+    pub(crate) fn link(&self) -> Option<LinkGuard<'_>> {
+        let st = self.lock();
+        st.conn.link().is_some().then_some(LinkGuard(st))
     }
 
     /// Opens a stream: registers its runtime side and the opener's reply.
@@ -399,7 +420,11 @@ impl Shared {
     ) -> Result<(u32, oneshot::Receiver<Result<(), OpenRefused>>), OpenRefused> {
         let (tx, rx) = oneshot::channel();
         let mut st = self.lock();
-        let id = st.mux.open(dest, self.now_ns()).map_err(refused)?;
+        let id = st
+            .conn
+            .mux_mut()
+            .open(dest, self.now_ns())
+            .map_err(refused)?;
         st.opens.insert(id, tx);
         st.streams.insert(
             id,
@@ -421,7 +446,7 @@ impl Shared {
     pub fn give_up_open(self: &Arc<Self>, id: u32) {
         let mut st = self.lock();
         st.opens.remove(&id);
-        st.mux.abandon(id);
+        st.conn.mux_mut().abandon(id);
         self.dispatch(&mut st);
     }
 
@@ -433,7 +458,11 @@ impl Shared {
     ) -> Result<oneshot::Receiver<Result<u16, OpenRefused>>, OpenRefused> {
         let (tx, rx) = oneshot::channel();
         let mut st = self.lock();
-        let request = st.mux.bind(bind, dest, self.now_ns()).map_err(refused)?;
+        let request = st
+            .conn
+            .mux_mut()
+            .bind(bind, dest, self.now_ns())
+            .map_err(refused)?;
         st.binds.insert(request, tx);
         self.dispatch(&mut st);
         Ok(rx)
@@ -446,7 +475,7 @@ impl Shared {
         dest: &str,
     ) -> Option<(u32, Arc<StreamIo>)> {
         let mut st = self.lock();
-        let id = st.mux.accept_open(open, self.now_ns());
+        let id = st.conn.mux_mut().accept_open(open, self.now_ns());
         let r = id.map(|id| {
             let io = Arc::new(StreamIo::default());
             st.streams.insert(
@@ -474,7 +503,7 @@ impl Shared {
             .streams
             .iter()
             .filter_map(|(&id, rt)| {
-                let m = st.mux.stream_stats(id)?;
+                let m = st.conn.mux().stream_stats(id)?;
                 Some(crate::config::StreamStats {
                     id,
                     dest: rt.dest.to_string(),
@@ -508,7 +537,7 @@ impl Shared {
             let io = s.io.clone();
             // Until the downlink closes the socket, the stream keeps its
             // slot and budget, even once closed (`Mux::local_closed`).
-            st.mux.local_opened(id);
+            st.conn.mux_mut().local_opened(id);
             return Some(io);
         }
         let io = st.unattached.remove(&id)?;
@@ -523,7 +552,7 @@ impl Shared {
         if let Some(s) = st.streams.get_mut(&id) {
             s.socket = Socket::Closed;
         }
-        st.mux.local_closed(id);
+        st.conn.mux_mut().local_closed(id);
         self.dispatch(&mut st);
     }
 
@@ -542,5 +571,21 @@ impl Shared {
             }
             None => task.abort(),
         }
+    }
+}
+
+/// The link layer of a resumable session, held under the session lock.
+pub(crate) struct LinkGuard<'a>(MutexGuard<'a, State>);
+
+impl std::ops::Deref for LinkGuard<'_> {
+    type Target = LinkLayer;
+    fn deref(&self) -> &LinkLayer {
+        self.0.conn.link().expect("checked when made")
+    }
+}
+
+impl std::ops::DerefMut for LinkGuard<'_> {
+    fn deref_mut(&mut self) -> &mut LinkLayer {
+        self.0.conn.link_mut().expect("checked when made")
     }
 }

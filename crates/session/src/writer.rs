@@ -51,7 +51,7 @@ pub(crate) async fn carrier_writer(
     };
     match end {
         Some(End::Closed) => {
-            if shared.link.is_some() {
+            if shared.resumable {
                 // However the session ended here (shutdown, idle timeout, a
                 // violation), the peer must not wait for a resume. A frame
                 // cut short by the close is finished first, or the GOODBYE

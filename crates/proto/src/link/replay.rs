@@ -32,6 +32,8 @@ pub enum LinkError {
     ResumeBehindAck { received: u64, acked: u64 },
     #[error("peer's offset {0} is not at a frame boundary")]
     NotAFrameBoundary(u64),
+    #[error("the session has no link layer (resume was not agreed)")]
+    NoLinkLayer,
 }
 
 /// The sending half: frames written, kept until acknowledged.

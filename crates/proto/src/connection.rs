@@ -1,0 +1,404 @@
+//! One session's whole protocol as one state machine: the multiplexer
+//! ([`Mux`]) over the link layer ([`LinkLayer`], when both sides offered
+//! resume), with no I/O, no clock and no tasks — quinn-proto's
+//! `Connection` is the model.
+//!
+//! The runtime feeds it what its carriers read, by carrier id
+//! ([`Connection::on_bytes`] for a single carrier, [`Connection::on_chunk`]
+//! and [`Connection::on_ack`] for a striped session's lanes), tells it what
+//! happened to a carrier ([`Connection::carrier_lost`],
+//! [`Connection::resume`]) and asks it what to write
+//! ([`Connection::poll_chunk`] for a lane; a single carrier's writer takes
+//! frames from [`Connection::mux_mut`] and records them in the link layer
+//! as they start going out). Everything else — events for the streams,
+//! deadlines — comes out of the multiplexer as before. Input from a
+//! carrier that is no longer current is refused in one place (the link
+//! layer), before any of it reaches the multiplexer; a frame handed on is
+//! always counted, in the same call.
+//!
+//! Violations close the session with their reason ([`Mux::dead`]); the
+//! peer's GOODBYE ends it on purpose ([`Connection::peer_goodbye`]).
+
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::frame::{self, DecodeLimits, Frame};
+use crate::link::{CarrierId, Chunk, Input, LinkError, LinkLayer, Lost};
+use crate::mux::Mux;
+use crate::outframe::OutFrame;
+
+/// Retired read buffers that may stay alive through slices of them before
+/// payloads are copied instead: 16 × 512 KiB = 8 MiB per session.
+pub const MAX_PINNED_CHUNKS: usize = 16;
+
+/// Read buffers (or a striped session's chunk buffers) that are done with
+/// but still referenced by payloads queued for streams. DATA payloads
+/// leave as slices of the buffer they arrived in (no copy), and a slice
+/// keeps its whole buffer alive; past a fixed allowance of such buffers,
+/// payloads are copied instead until enough are let go — so what the
+/// carrier's buffers hold is bounded whatever frames the peer sends.
+#[derive(Debug, Default)]
+pub struct Pins {
+    /// A zero-length slice of each retired buffer: it is the only reference
+    /// left once every payload cut from that buffer is gone.
+    retired: VecDeque<Bytes>,
+}
+
+impl Pins {
+    /// `sentinel`: a zero-length slice of a buffer no longer read into.
+    pub fn retire(&mut self, sentinel: Bytes) {
+        self.retired.push_back(sentinel);
+        self.prune();
+    }
+
+    fn prune(&mut self) {
+        self.retired.retain(|b| !b.is_unique());
+    }
+
+    /// Whether payloads may still be handed out as slices.
+    pub fn may_slice(&mut self) -> bool {
+        if self.retired.len() >= MAX_PINNED_CHUNKS {
+            self.prune();
+        }
+        self.retired.len() < MAX_PINNED_CHUNKS
+    }
+
+    pub fn len(&self) -> usize {
+        self.retired.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.retired.is_empty()
+    }
+}
+
+/// What input from a carrier did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// The carrier is not current: nothing was handed on or counted; its
+    /// reader should stop.
+    Stale,
+    /// Handed on; `wake`: a writer has something to send now.
+    Taken { wake: bool },
+    /// The session ended (a violation, the peer's GOODBYE, or it was over).
+    Ended,
+}
+
+/// What a lane's writer should do next.
+#[derive(Debug)]
+pub enum LaneOutput {
+    Chunk(Chunk),
+    /// Nothing to send: wait to be woken.
+    Idle,
+    /// The lane is no longer current.
+    Stale,
+    /// The session is over.
+    Dead,
+    /// Shutting down and every CLOSE is out: end the session for `why`.
+    Goodbye(String),
+}
+
+/// What losing a carrier meant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// No link layer (or the session is ending): the session is closed.
+    Closed,
+    /// As the link layer says.
+    Link(Lost),
+}
+
+/// One session's protocol (see the module docs).
+pub struct Connection {
+    mux: Mux,
+    link: Option<LinkLayer>,
+    limits: DecodeLimits,
+    /// A striped session's chunk buffers held by queued payloads.
+    lane_pins: Pins,
+    /// DATA from the last input may be queued as slices of its buffer.
+    may_slice: bool,
+    peer_goodbye: bool,
+}
+
+impl Connection {
+    /// `limits`: what the peer's frames may be.
+    pub fn new(mux: Mux, link: Option<LinkLayer>, limits: DecodeLimits) -> Connection {
+        Connection {
+            mux,
+            link,
+            limits,
+            lane_pins: Pins::default(),
+            may_slice: true,
+            peer_goodbye: false,
+        }
+    }
+
+    /// What the peer's frames may be, as the hello on the current carrier
+    /// agreed.
+    pub fn set_limits(&mut self, limits: DecodeLimits) {
+        self.limits = limits;
+    }
+
+    pub fn mux(&self) -> &Mux {
+        &self.mux
+    }
+
+    /// The multiplexer, for everything about streams.
+    pub fn mux_mut(&mut self) -> &mut Mux {
+        &mut self.mux
+    }
+
+    pub fn link(&self) -> Option<&LinkLayer> {
+        self.link.as_ref()
+    }
+
+    pub fn link_mut(&mut self) -> Option<&mut LinkLayer> {
+        self.link.as_mut()
+    }
+
+    pub fn is_striped(&self) -> bool {
+        self.link.as_ref().is_some_and(LinkLayer::is_striped)
+    }
+
+    /// The peer ended the session on purpose (GOODBYE).
+    pub fn peer_goodbye(&self) -> bool {
+        self.peer_goodbye
+    }
+
+    /// Whether DATA events from the last input may hold slices of the
+    /// carrier's buffers (else the runtime copies them).
+    pub fn may_slice(&self) -> bool {
+        self.may_slice
+    }
+
+    fn goodbye(&mut self) -> Received {
+        self.peer_goodbye = true;
+        self.mux.close("peer ended the session");
+        Received::Ended
+    }
+
+    /// Hands one frame to the multiplexer. `false`: the session ended.
+    fn deliver(&mut self, f: Frame, now: u64) -> bool {
+        let r = self.mux.handle_frame(f, now);
+        r.is_ok() && self.mux.dead().is_none()
+    }
+
+    /// Single carrier: every whole frame at the front of `buf`, read from
+    /// `carrier`, is taken (an unfinished one stays). `may_slice`: DATA may
+    /// be queued as slices of `buf`'s storage.
+    pub fn on_bytes(
+        &mut self,
+        carrier: CarrierId,
+        buf: &mut BytesMut,
+        may_slice: bool,
+        now: u64,
+    ) -> Received {
+        if self.mux.dead().is_some() {
+            return Received::Ended;
+        }
+        if self.link.as_ref().is_some_and(|l| !l.is_current(carrier)) {
+            return Received::Stale;
+        }
+        self.may_slice = may_slice;
+        self.mux.heard(now);
+        let link = self.link.is_some();
+        // Bytes of whole frames handed on, and the peer's latest ACK:
+        // counted before this call returns, whatever happens.
+        let mut got = 0usize;
+        let mut ack = None;
+        let mut ended = false;
+        loop {
+            let before = buf.len();
+            match frame::decode(buf, self.limits) {
+                Ok(Some(Frame::Ack { received })) if link => ack = Some(received),
+                Ok(Some(Frame::Goodbye)) if link => return self.goodbye(),
+                Ok(Some(f)) => {
+                    got += before - buf.len();
+                    if !self.deliver(f, now) {
+                        ended = true;
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    self.mux.close(format!("malformed frame from peer: {e}"));
+                    return Received::Ended;
+                }
+            }
+        }
+        let Some(l) = self.link.as_mut() else {
+            return if ended {
+                Received::Ended
+            } else {
+                Received::Taken { wake: false }
+            };
+        };
+        match l.on_input(carrier, got, ack) {
+            Ok(_) if ended => Received::Ended,
+            Ok(Input::Applied { wake }) => Received::Taken { wake },
+            Ok(Input::Stale) => Received::Stale,
+            Err(e) => {
+                self.mux
+                    .close(format!("bad acknowledgement from peer: {e}"));
+                Received::Ended
+            }
+        }
+    }
+
+    /// Lanes: the peer's ACK, read on `lane` outside a chunk.
+    pub fn on_ack(&mut self, lane: CarrierId, received: u64, now: u64) -> Received {
+        let Some(l) = self.link.as_mut() else {
+            return Received::Ended;
+        };
+        if !l.is_current(lane) {
+            return Received::Stale;
+        }
+        self.mux.heard(now);
+        match l.on_ack(received) {
+            Ok(freed) => Received::Taken { wake: freed },
+            Err(e) => {
+                self.mux
+                    .close(format!("bad acknowledgement from peer: {e}"));
+                Received::Ended
+            }
+        }
+    }
+
+    /// Lanes: a chunk read on `lane`: `data` is the peer's byte stream
+    /// from `offset`. Every run now in order is decoded and handed on.
+    pub fn on_chunk(&mut self, lane: CarrierId, offset: u64, data: BytesMut, now: u64) -> Received {
+        if self.mux.dead().is_some() {
+            return Received::Ended;
+        }
+        let Some(l) = self.link.as_mut() else {
+            return Received::Ended;
+        };
+        match l.on_chunk(lane, offset, data) {
+            Ok(true) => {}
+            Ok(false) => return Received::Stale,
+            Err(e) => {
+                self.mux.close(format!("bad chunk from peer: {e}"));
+                return Received::Ended;
+            }
+        }
+        self.mux.heard(now);
+        while let Some(mut run) = self.link.as_mut().and_then(LinkLayer::next_run) {
+            self.may_slice = self.lane_pins.may_slice();
+            let sentinel = run.split_to(0).freeze();
+            loop {
+                match frame::decode(&mut run, self.limits) {
+                    Ok(Some(Frame::Goodbye)) => return self.goodbye(),
+                    Ok(Some(f @ (Frame::Ack { .. } | Frame::Chunk { .. }))) => {
+                        self.mux.close(format!(
+                            "link message type {} inside a chunk",
+                            f.type_code()
+                        ));
+                        return Received::Ended;
+                    }
+                    Ok(Some(f)) => {
+                        if !self.deliver(f, now) {
+                            return Received::Ended;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.mux.close(format!("malformed frame from peer: {e}"));
+                        return Received::Ended;
+                    }
+                }
+            }
+            if !run.is_empty() {
+                self.mux.close("a chunk from the peer ends inside a frame");
+                return Received::Ended;
+            }
+            self.lane_pins.retire(sentinel);
+        }
+        let wake = self.link.as_ref().is_some_and(LinkLayer::ack_wanted);
+        Received::Taken { wake }
+    }
+
+    /// Lanes: the next chunk for `lane`, whose socket has room for about
+    /// `target` bytes. Frames come from the multiplexer within the link
+    /// layer's budget: control frames first (they still go when the replay
+    /// buffer is full), then data in the scheduler's order.
+    pub fn poll_chunk(&mut self, lane: CarrierId, target: usize, now: u64) -> LaneOutput {
+        if self.mux.dead().is_some() {
+            return LaneOutput::Dead;
+        }
+        let Some(l) = self.link.as_mut() else {
+            return LaneOutput::Stale;
+        };
+        if !l.is_current(lane) {
+            return LaneOutput::Stale;
+        }
+        let mux = &mut self.mux;
+        let mut goodbye = None;
+        let chunk = l.next_chunk(lane, target, now, |budget, batch| {
+            let carried = !batch.is_empty();
+            let mut control = 0;
+            let mut control_left = true;
+            while control < budget.control && batch.len() < budget.frames {
+                match mux.pop_control_if(|_| true) {
+                    Some(f) => {
+                        control += f.remaining();
+                        batch.push_back(f);
+                    }
+                    None => {
+                        control_left = false;
+                        break;
+                    }
+                }
+            }
+            if !control_left && budget.bytes > control {
+                let frames = budget.frames.saturating_sub(batch.len());
+                mux.poll_transmit(batch, budget.bytes - control, frames);
+            }
+            let more = mux.has_output();
+            goodbye = mux
+                .goodbye_done()
+                .filter(|_| batch.is_empty() && !more && !carried)
+                .map(str::to_owned);
+            more
+        });
+        if let Some(why) = goodbye {
+            return LaneOutput::Goodbye(why);
+        }
+        match chunk {
+            Some(c) => LaneOutput::Chunk(c),
+            None => LaneOutput::Idle,
+        }
+    }
+
+    /// Carrier (or lane) `carrier` failed or was stopped (`why`). Without a
+    /// link layer, or once the session is ending, the session closes; else
+    /// the link layer decides, and a detached session's timers pause.
+    pub fn carrier_lost(&mut self, carrier: CarrierId, now: u64, why: &str) -> Loss {
+        let ending = self.mux.dead().is_some() || self.mux.goodbye_done().is_some();
+        let Some(l) = self.link.as_mut().filter(|_| !ending) else {
+            self.mux.close(why);
+            return Loss::Closed;
+        };
+        let lost = l.carrier_lost(carrier, now);
+        if lost == Lost::Detached {
+            self.mux.set_attached(false, now);
+        }
+        Loss::Link(lost)
+    }
+
+    /// Attaches a carrier to the detached session after the resume
+    /// exchange (see [`LinkLayer::resume`]); the multiplexer's timers run
+    /// again.
+    pub fn resume(
+        &mut self,
+        number: u8,
+        peer_received: u64,
+        now: u64,
+    ) -> Result<(CarrierId, Vec<OutFrame>), LinkError> {
+        let Some(l) = self.link.as_mut() else {
+            return Err(LinkError::NoLinkLayer);
+        };
+        let r = l.resume(number, peer_received, now)?;
+        self.mux.set_attached(true, now);
+        Ok(r)
+    }
+}
