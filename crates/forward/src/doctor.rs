@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use longhaul_session::LocalStream;
 
-use crate::server_session::Ends;
+use crate::server_config::Ends;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 

@@ -12,7 +12,9 @@
 
 pub mod auth;
 pub mod client;
+mod client_config;
 pub mod connect;
+mod dial;
 pub mod doctor;
 pub mod http_connect;
 pub mod known_hosts;
@@ -23,7 +25,9 @@ mod reconnect;
 pub mod rules;
 pub mod server;
 mod server_acceptor;
+mod server_config;
 mod server_session;
+mod sessions;
 pub mod socks5;
 pub mod spec;
 pub mod status;

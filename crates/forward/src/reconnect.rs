@@ -12,7 +12,8 @@ use rand::Rng;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
-use crate::client::{connect, ClientAcceptor, ClientConfig};
+use crate::client_config::{ClientAcceptor, ClientConfig};
+use crate::dial::connect;
 
 /// Dials the server and authenticates: a carrier ready for the hello.
 pub(crate) async fn dial(config: &ClientConfig) -> anyhow::Result<longhaul_carrier::Carrier> {

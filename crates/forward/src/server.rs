@@ -1,136 +1,23 @@
 //! `longhaul server`: accepts carriers, connects allowed targets, opens
 //! allowed reverse listeners.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use longhaul_carrier::folder::{Admission, FolderListener, FolderUrl};
-use longhaul_carrier::{
-    accept_with_backoff, bind_listener, Carrier, Identity, ListenUrl, Transport,
-};
-use longhaul_session::{Resumables, SessionConfig, SessionHandle};
+use longhaul_carrier::{accept_with_backoff, bind_listener, Carrier, ListenUrl, Transport};
+use longhaul_session::Resumables;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::auth::ServerAuth;
-use crate::metrics::{Metrics, Refusal};
+use crate::metrics::Refusal;
 use crate::pending::Pending;
-use crate::policy::{Policy, PolicyCell, Who};
-use crate::rules::{BindRules, Rules};
-use crate::server_session::{authenticate, run_session, serve_carrier, Ends};
-use longhaul_files::serve::FileServer;
-use longhaul_files::Access;
-
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    /// Carrier listeners (at least one, unless serving stdio or folders).
-    pub listen: Vec<ListenUrl>,
-    /// Shared directories to serve folder carriers in (`dir://PATH`).
-    pub folders: Vec<FolderUrl>,
-    /// The server's key, for TLS listeners.
-    pub identity: Option<Identity>,
-    pub auth: ServerAuth,
-    /// Global ceiling: what any client may reach.
-    pub rules: Rules,
-    /// Global ceiling: what any client may bind.
-    pub bind_rules: BindRules,
-    pub session: SessionConfig,
-    /// Sessions served at once (a slot is taken once a carrier has
-    /// authenticated; more are closed then). Default 1024.
-    pub max_sessions: usize,
-    /// Carriers not yet authenticated, at once and per source address;
-    /// when full the oldest is dropped ([`crate::pending`]).
-    pub max_pending: usize,
-    pub max_pending_per_source: usize,
-    /// Congestion control for carriers (None: the system default).
-    pub congestion: Option<String>,
-    /// The folder offered to `longhaul cp` (`--files DIR`).
-    pub files: Option<Arc<FileServer>>,
-    /// What clients authenticated by token (or anyone, with `--insecure`)
-    /// may do there; keys say it in authorized_keys.
-    pub files_without_key: Option<Access>,
-    /// What the server counts (shown with `--metrics`).
-    pub metrics: Arc<Metrics>,
-}
-
-impl Default for ServerConfig {
-    /// No listener yet (enough for `--stdio`), nothing allowed.
-    fn default() -> ServerConfig {
-        ServerConfig {
-            listen: vec![],
-            folders: vec![],
-            identity: None,
-            auth: ServerAuth::default(),
-            rules: Rules::default(),
-            bind_rules: BindRules::default(),
-            session: SessionConfig::default(),
-            max_sessions: 1024,
-            max_pending: crate::pending::MAX_PENDING,
-            max_pending_per_source: crate::pending::MAX_PENDING_PER_SOURCE,
-            congestion: None,
-            files: None,
-            files_without_key: None,
-            metrics: Metrics::new(),
-        }
-    }
-}
-
-impl ServerConfig {
-    pub fn new(listen: ListenUrl) -> ServerConfig {
-        ServerConfig {
-            listen: vec![listen],
-            ..ServerConfig::default()
-        }
-    }
-
-    /// Whether TLS runs over this listener's transport.
-    fn uses_tls(&self, t: &Transport) -> bool {
-        match t {
-            Transport::Tcp => false,
-            Transport::Ws { .. } => !self.auth.insecure,
-            Transport::Tls | Transport::Wss { .. } => true,
-        }
-    }
-
-    /// Refuses settings that would expose an open relay by accident.
-    pub fn check(&self) -> Result<(), String> {
-        for l in &self.listen {
-            if matches!(l.transport, Transport::Tcp) && !self.auth.insecure {
-                return Err(format!(
-                    "{l} is unencrypted and unauthenticated; use tls:// (the default) or pass --insecure"
-                ));
-            }
-            if self.uses_tls(&l.transport) && self.identity.is_none() {
-                return Err(format!(
-                    "{l} needs the server's key: --key FILE (make one with 'longhaul keygen --out FILE')"
-                ));
-            }
-        }
-        for f in &self.folders {
-            // --insecure alone never takes TLS off a folder: whoever reads
-            // the share would read the token and every byte.
-            if !f.tls && !self.auth.insecure {
-                return Err(format!(
-                    "{f} is unencrypted: the token and all traffic would be written in clear into the folder; add --insecure if that is what you want, or drop ?tls=off"
-                ));
-            }
-            if f.tls && self.identity.is_none() {
-                return Err(format!(
-                    "{f} needs the server's key: --key FILE (make one with 'longhaul keygen --out FILE'); the folder stays encrypted even with --insecure"
-                ));
-            }
-        }
-        if self.auth.is_open() && !self.auth.insecure {
-            return Err("no way to authenticate clients: give --authorized-keys FILE or --token (or LONGHAUL_TOKEN), or --insecure to let anyone in".into());
-        }
-        if self.auth.token.is_some() && self.session.mode == longhaul_session::Mode::Jmux {
-            return Err("--token needs longhaul's own protocol; in --jmux mode authenticate with --authorized-keys".into());
-        }
-        Ok(())
-    }
-}
+use crate::policy::{Policy, PolicyCell};
+use crate::server_config::Ends;
+pub use crate::server_config::ServerConfig;
+use crate::server_session::{authenticate, run_session, serve_carrier};
+use crate::sessions::{Live, Slots};
 
 pub struct Server {
     listeners: Vec<(TcpListener, ListenUrl)>,
@@ -330,42 +217,6 @@ impl Server {
 /// How long a shutting-down server waits for its sessions to close.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
-/// The sessions a server is running, so that shutdown can close them
-/// (and a reload end those it no longer admits).
-#[derive(Clone, Default)]
-pub(crate) struct Live(Arc<std::sync::Mutex<LiveTable>>);
-
-/// The last id given, and each session with who it was admitted as.
-type LiveTable = (u64, HashMap<u64, (SessionHandle, Who)>);
-
-impl Live {
-    pub(crate) fn add(&self, h: SessionHandle, who: Who) -> u64 {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        g.0 += 1;
-        let id = g.0;
-        g.1.insert(id, (h, who));
-        id
-    }
-
-    fn all(&self) -> Vec<(SessionHandle, Who)> {
-        let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        g.1.values().cloned().collect()
-    }
-
-    pub(crate) fn remove(&self, id: u64) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .1
-            .remove(&id);
-    }
-
-    fn drain(&self) -> Vec<SessionHandle> {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        g.1.drain().map(|(_, (h, _))| h).collect()
-    }
-}
-
 /// What every accept loop shares: the configuration, the session slots,
 /// the live sessions and the resumable ones.
 #[derive(Clone)]
@@ -384,12 +235,11 @@ impl Serving {
         &self,
         from: &dyn std::fmt::Display,
     ) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let permit = self.slots.clone().try_acquire_owned().ok();
-        if permit.is_none() {
-            self.config.metrics.refused(Refusal::SessionLimit);
-            tracing::warn!(%from, limit = self.config.max_sessions, "refusing carrier: session limit reached (--max-sessions)");
+        Slots {
+            sem: self.slots.clone(),
+            config: self.config.clone(),
         }
-        permit
+        .take(from)
     }
 
     /// Runs a carrier's own handshake (TLS, WebSocket upgrade) and its
@@ -427,6 +277,10 @@ impl Serving {
             let who = authenticate(&mut carrier, key, &config, &policy, true, deadline).await?;
             Ok((carrier, key, who))
         };
+        let slots = Slots {
+            sem: self.slots.clone(),
+            config: self.config.clone(),
+        };
         let (authed, _permit, slots) = match gate {
             Gate::Slot(permit) => (authed.await, permit, None),
             Gate::Pending(ticket) => {
@@ -434,7 +288,7 @@ impl Serving {
                     self.config.metrics.refused(Refusal::Handshake);
                     return tracing::debug!(%from, "dropped a pending handshake to make room");
                 };
-                (authed, None, Some(&self))
+                (authed, None, Some(&slots))
             }
         };
         let (carrier, key, who) = match authed {

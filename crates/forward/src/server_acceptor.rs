@@ -16,8 +16,7 @@ use crate::auth::Authenticated;
 use crate::connect::{allowed_addrs, connect_any, target};
 use crate::metrics::{Metrics, Refusal};
 use crate::policy::{Grants, Policy, PolicyCell, Who};
-use crate::server::ServerConfig;
-use crate::server_session::Ends;
+use crate::server_config::{Ends, ServerConfig};
 use crate::spec::loopback;
 
 pub(crate) struct ServerAcceptor {

@@ -10,16 +10,9 @@ use longhaul_session::{Resumables, Served, Session};
 use crate::auth::{read_preamble, Authenticated};
 use crate::metrics::Refusal;
 use crate::policy::{PolicyCell, Who};
-use crate::server::{Live, ServerConfig, Serving};
 use crate::server_acceptor::ServerAcceptor;
-
-/// A TCP carrier's two ends: where its client is, and our address it came
-/// in on (for the doctor's direct measurement). None for stdio and folders.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Ends {
-    pub client: std::net::SocketAddr,
-    pub local: std::net::SocketAddr,
-}
+use crate::server_config::{Ends, ServerConfig};
+use crate::sessions::{Live, Slots};
 
 /// Authenticates a carrier and runs its session to the end.
 pub(crate) async fn serve_carrier(
@@ -100,7 +93,7 @@ pub(crate) async fn run_session(
     resumables: &Arc<Resumables>,
     // Where a new session takes its slot under --max-sessions (None: the
     // carrier holds one already, or is the trusted pipe).
-    slots: Option<&Serving>,
+    slots: Option<&Slots>,
 ) -> Result<String, String> {
     let mut acceptor = ServerAcceptor::new(&config, policy, &who, from.clone(), ends);
     if live.is_none() {
@@ -125,7 +118,7 @@ pub(crate) async fn run_session(
     .await;
     match served {
         Ok(Served::New(h)) => {
-            let _permit = match slots.map(|s| s.slot(&from)) {
+            let _permit = match slots.map(|s| s.take(&from)) {
                 Some(None) => {
                     h.close("session limit reached (--max-sessions)");
                     return Err("session refused: session limit reached".into());

@@ -5,12 +5,17 @@ use std::io;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::local::LocalStream;
 use longhaul_proto::frame::Reason;
 use longhaul_proto::handshake;
 use longhaul_proto::window::WindowConfig;
 
-use crate::runtime::SessionHandle;
+/// Which end of the session this is: the client dials and resumes, the
+/// server waits for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Client,
+    Server,
+}
 
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -152,32 +157,6 @@ pub enum SessionError {
     NoResume,
     #[error("the session is over: {0}")]
     Closed(String),
-}
-
-/// What a session does when the peer opens a stream or asks for a reverse
-/// listener. The server answers with its allow rules; the client allows only
-/// the targets of its own `-R` forwards.
-pub trait Acceptor: Send + Sync + 'static {
-    /// Connects to `dest` (`tcp://host:port`, or a service of this
-    /// process) for a stream the peer opened.
-    fn connect(&self, dest: String) -> BoxFuture<Result<LocalStream, OpenRefused>>;
-
-    /// Starts listening on `bind` and opening streams to `dest` through
-    /// `session` for every accepted connection. Returns the bound port.
-    fn bind(
-        &self,
-        bind: String,
-        dest: String,
-        session: SessionHandle,
-    ) -> BoxFuture<Result<u16, OpenRefused>> {
-        let _ = (bind, dest, session);
-        Box::pin(async {
-            Err(OpenRefused::new(
-                Reason::NOT_ALLOWED,
-                "reverse forwards are not accepted here",
-            ))
-        })
-    }
 }
 
 /// A snapshot of one stream.

@@ -23,9 +23,9 @@ use longhaul_proto::stripe::{chunk_target, CHUNK_MAX};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
-use crate::lanes::LaneCounters;
 use crate::requests::{connect_for_peer, serve_bind};
 use crate::runtime::{Shared, Work};
+use crate::tasks::LaneCounters;
 
 /// A lane's read buffer between chunks (chunk bytes are read into a
 /// buffer of their own).

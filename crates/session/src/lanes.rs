@@ -13,7 +13,6 @@
 //! reads is counted and nothing more is taken for it to write, whatever its
 //! tasks are doing at that moment.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,66 +20,10 @@ use longhaul_carrier::{Carrier, PathProbe};
 use longhaul_proto::frame::DecodeLimits;
 use longhaul_proto::link::CarrierId;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 
 use crate::lane_io::{lane_reader, lane_writer};
-use crate::link::CarrierSlot;
 use crate::runtime::Shared;
-
-/// Counters of one lane.
-#[derive(Default)]
-pub(crate) struct LaneCounters {
-    pub sent: AtomicU64,
-    pub received: AtomicU64,
-    pub chunks_resent: AtomicU64,
-}
-
-/// One lane's tasks.
-pub(crate) struct LaneTasks {
-    pub id: CarrierId,
-    pub number: u8,
-    pub reader: JoinHandle<()>,
-    pub writer: JoinHandle<()>,
-    pub stop: Arc<Notify>,
-    /// Wakes this lane's writer in particular (chunks to send again may
-    /// avoid the lane a shared wake-up would reach).
-    pub kick: Arc<Notify>,
-    pub probe: Option<Arc<dyn PathProbe>>,
-    pub counters: Arc<LaneCounters>,
-}
-
-/// What one lane has done, for `-v` logs and the stats.
-#[derive(Debug, Clone, Default)]
-pub struct LaneStats {
-    pub number: u8,
-    pub bytes_sent: u64,
-    pub bytes_received: u64,
-    /// Chunks this lane sent again for another one.
-    pub chunks_resent: u64,
-    pub rtt: Option<Duration>,
-    pub delivery_rate: u64,
-    pub retransmits: u32,
-}
-
-impl LaneTasks {
-    fn stats(&self) -> LaneStats {
-        let path = self.probe.as_ref().and_then(|p| p.path());
-        LaneStats {
-            number: self.number,
-            bytes_sent: self.counters.sent.load(Ordering::Relaxed),
-            bytes_received: self.counters.received.load(Ordering::Relaxed),
-            chunks_resent: self.counters.chunks_resent.load(Ordering::Relaxed),
-            rtt: path.as_ref().and_then(|p| p.rtt),
-            delivery_rate: path.as_ref().map_or(0, |p| p.delivery_rate),
-            retransmits: path.map_or(0, |p| p.retransmits),
-        }
-    }
-
-    fn halt(&self) {
-        self.reader.abort();
-        self.stop.notify_one();
-    }
-}
+use crate::tasks::{CarrierSlot, LaneCounters, LaneStats, LaneTasks, STOP_GRACE};
 
 impl Shared {
     /// Starts the tasks of lane `id` (attached in the link layer already).
@@ -165,12 +108,9 @@ impl Shared {
         self.lanes_tx.send_replace(0);
         for lane in lanes {
             lane.halt();
-            let _ = tokio::time::timeout(super::link::STOP_GRACE, lane.reader).await;
+            let _ = tokio::time::timeout(STOP_GRACE, lane.reader).await;
             let abort = lane.writer.abort_handle();
-            if tokio::time::timeout(super::link::STOP_GRACE, lane.writer)
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout(STOP_GRACE, lane.writer).await.is_err() {
                 // Nothing it writes counts any more (no longer current).
                 abort.abort();
             }

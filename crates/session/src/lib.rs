@@ -45,21 +45,25 @@ mod local;
 pub mod logs;
 mod pipe;
 mod pipe_pumps;
+mod pump;
 mod reader;
 mod requests;
 mod resume;
 mod runtime;
+mod start;
 mod stream;
+mod stream_io;
+mod tasks;
 mod writer;
 
 pub use config::{
-    Acceptor, BoxFuture, Mode, OpenRefused, SessionConfig, SessionError, SessionStats, StreamStats,
+    BoxFuture, Mode, OpenRefused, Role, SessionConfig, SessionError, SessionStats, StreamStats,
 };
 pub use handle::{Opened, Session};
-pub use lanes::LaneStats;
-pub use link::{auto_replay_limit, Role};
+pub use link::auto_replay_limit;
 pub use local::LocalStream;
 pub use longhaul_proto::stripe::MAX_LANES;
 pub use pipe::{PumpEnd, ServicePipe, PIPE_QUEUE};
 pub use resume::{Resumables, Served};
-pub use runtime::SessionHandle;
+pub use runtime::{Acceptor, SessionHandle};
+pub use tasks::LaneStats;

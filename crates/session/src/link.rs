@@ -14,28 +14,19 @@
 //! without resume) closes on a carrier failure, as before.
 
 use std::sync::{Arc, MutexGuard};
-use std::time::Duration;
 
-use longhaul_carrier::{Carrier, PathProbe};
+use longhaul_carrier::Carrier;
 use longhaul_proto::connection::Loss;
 use longhaul_proto::frame::DecodeLimits;
 use longhaul_proto::link::{CarrierId, Lost, DEFAULT_REPLAY_LIMIT};
 use longhaul_proto::outframe::OutFrame;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 
-use crate::lanes::LaneTasks;
+use crate::config::Role;
 use crate::reader::carrier_reader;
 use crate::runtime::Shared;
+use crate::tasks::{CarrierSlot, STOP_GRACE};
 use crate::writer::carrier_writer;
-
-/// Which end of the session this is: the client dials and resumes, the
-/// server waits for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Client,
-    Server,
-}
 
 /// The replay bound when none is configured: what the carrier's kernel
 /// buffers can hold at most (our send buffer plus the peer's receive
@@ -55,27 +46,6 @@ pub fn auto_replay_limit() -> usize {
         _ => DEFAULT_REPLAY_LIMIT,
     }
 }
-
-/// The tasks of the carrier (or lanes) a session runs on. Which carrier
-/// is current, and what losing one means, is the link layer's business
-/// ([`LinkLayer`]); this is only what must be stopped.
-#[derive(Default)]
-pub(crate) struct CarrierSlot {
-    /// The single carrier's tasks (its id: the link layer's, 0 without).
-    pub id: CarrierId,
-    pub reader: Option<JoinHandle<()>>,
-    pub writer: Option<JoinHandle<()>>,
-    /// Tells the writer to stop (it saves what it had not started).
-    pub stop: Option<Arc<Notify>>,
-    pub probe: Option<Arc<dyn PathProbe>>,
-    /// A striped session's lanes (the fields above are then unused).
-    pub lanes: Vec<LaneTasks>,
-    /// Lanes dropped whose tasks may still be ending.
-    pub retired: Vec<LaneTasks>,
-}
-
-/// Waits this long at most for a stopped carrier's tasks to end.
-pub(crate) const STOP_GRACE: Duration = Duration::from_secs(2);
 
 impl Shared {
     pub(crate) fn slot(&self) -> MutexGuard<'_, CarrierSlot> {

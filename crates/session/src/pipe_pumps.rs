@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use crate::inbound::Part;
 use crate::pipe::{PipeSink, PipeSource, Refused, Taken};
-use crate::runtime::{Shared, StreamIo};
-use crate::stream::{credit_delivered, fail, send_room, take_inbound, Inbound, LocalClosed};
+use crate::pump::{credit_delivered, fail, send_room, take_inbound, Inbound, LocalClosed};
+use crate::runtime::Shared;
+use crate::stream_io::StreamIo;
 
 /// The service's bytes → DATA frames, as the peer's credit allows.
 pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, src: PipeSource) {

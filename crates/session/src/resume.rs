@@ -17,11 +17,10 @@ use longhaul_proto::resume::{Attach, Attached, Refusal, SessionId, ATTACHED_LEN,
 use longhaul_proto::stripe::MAX_LANES;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::config::{Acceptor, SessionConfig, SessionError};
-use crate::handle::{build, decode_limits, replay_limit, Negotiated};
+use crate::config::{Role, SessionConfig, SessionError};
 use crate::kex::{binding, Share};
-use crate::link::Role;
-use crate::runtime::{SessionHandle, Shared};
+use crate::runtime::{Acceptor, SessionHandle, Shared};
+use crate::start::{build, decode_limits, replay_limit, Negotiated};
 
 /// What [`crate::Session::serve`] did with a carrier.
 pub enum Served {
@@ -168,7 +167,7 @@ async fn attach_behind_hello(
     config: &SessionConfig,
     ask: &Attach,
 ) -> Result<(Negotiated, Attached), SessionError> {
-    let n = crate::handle::hello_then(carrier, config, &ask.encode()).await?;
+    let n = crate::start::hello_then(carrier, config, &ask.encode()).await?;
     if !n.resume {
         return Err(SessionError::NoResume);
     }

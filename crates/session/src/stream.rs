@@ -13,11 +13,12 @@ use tokio::io::AsyncWriteExt;
 
 use crate::inbound::{compact_parts, Part};
 use crate::local::{LocalRead, LocalStream, LocalWrite};
-use crate::runtime::{Shared, StreamIo};
+use crate::pump::{
+    aborted, credit_delivered, fail, send_room, take_inbound, Inbound, LocalClosed, UPLINK_READ,
+};
+use crate::runtime::Shared;
+use crate::stream_io::StreamIo;
 
-/// Largest single read from a local socket; split into frames of at most
-/// the peer's maximum packet size without copying.
-const UPLINK_READ: usize = 256 * 1024;
 /// First read of a new stream; reads grow while they come back full, and a
 /// stream keeps its size across pauses (the buffer itself is released
 /// while the socket is idle, so the size costs nothing then), so a
@@ -124,69 +125,6 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: 
     }
 }
 
-/// Waits until stream `id` may send (the peer's credit and the stream's
-/// send queue); how much, at most [`UPLINK_READ`]. None once it never may.
-pub(crate) async fn send_room(shared: &Arc<Shared>, id: u32, io: &StreamIo) -> Option<usize> {
-    loop {
-        match shared.with(|m, _| m.send_room(id)) {
-            None => return None,
-            Some(0) => {
-                shared
-                    .window_stalls
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            Some(n) => return Some(n.min(UPLINK_READ)),
-        }
-        io.up.notified().await;
-    }
-}
-
-/// Moves what stream `id` received into `pending` (at most
-/// [`MAX_WRITE_IOV`] parts); says whether the stream's data has ended
-/// (EOF, or closed), and how the local socket must end.
-pub(crate) fn take_inbound(io: &StreamIo, pending: &mut Vec<Part>) -> Inbound {
-    let mut ib = io.inbox();
-    ib.q.take(pending, MAX_WRITE_IOV);
-    Inbound {
-        eof: ib.q.eof && ib.q.is_empty(),
-        closed: ib.closed && ib.q.is_empty(),
-        reset: ib.reset,
-        abort: ib.abort,
-    }
-}
-
-pub(crate) struct Inbound {
-    pub eof: bool,
-    pub closed: bool,
-    /// Reset the local socket once everything queued is written.
-    pub reset: bool,
-    /// Reset it now (the session died).
-    pub abort: bool,
-}
-
-/// The error a downlink's wait ends with when its session dies.
-pub(crate) fn aborted() -> io::Error {
-    io::Error::new(io::ErrorKind::ConnectionAborted, "session closed")
-}
-
-pub(crate) fn fail(shared: &Arc<Shared>, id: u32, err: io::Error) {
-    tracing::debug!(stream = id, "local socket failed: {err}");
-    shared.with(|m, _| m.abort(id));
-}
-
-/// Buffers handed to one vectored write towards a local socket.
-const MAX_WRITE_IOV: usize = 64;
-
-/// Tells the core, when a downlink ends however it ends (its socket half
-/// goes with it), that the stream's local socket is closed.
-pub(crate) struct LocalClosed(pub Arc<Shared>, pub u32);
-
-impl Drop for LocalClosed {
-    fn drop(&mut self) {
-        self.0.local_closed(self.1);
-    }
-}
-
 /// Inbound DATA → local socket; credit goes back only for written bytes.
 pub(crate) async fn downlink(
     shared: Arc<Shared>,
@@ -252,12 +190,6 @@ async fn settle(wr: &impl LocalWrite, io: &StreamIo) {
         // At most 10 checks a second per stream once it waits.
         pause = (pause * 2).min(std::time::Duration::from_millis(100));
     }
-}
-
-/// Accounts bytes written to the local socket; the core returns credit to
-/// the peer when the window says it is time.
-pub(crate) fn credit_delivered(shared: &Arc<Shared>, id: u32, total: usize) {
-    shared.with(|m, now| m.delivered(id, total, now));
 }
 
 /// Writes every part. When the socket is full, the stream is marked blocked

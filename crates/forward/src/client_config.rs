@@ -1,0 +1,121 @@
+//! What a client is configured with, and what it accepts from the server
+//! (streams to its own `-R` targets only).
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use longhaul_carrier::{CarrierUrl, Fingerprint, Identity};
+use longhaul_proto::frame::parse_dest;
+use longhaul_proto::Reason;
+use longhaul_session::{Acceptor, BoxFuture, LocalStream, OpenRefused, SessionConfig};
+
+use crate::connect::connect_host;
+use crate::known_hosts::KnownHosts;
+use crate::spec::ForwardSpec;
+
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The server's carrier.
+    pub server: CarrierUrl,
+    /// Our key, shown to the server in TLS (None: authenticate by token).
+    pub identity: Option<Identity>,
+    /// The server's key must be this one.
+    pub pin: Option<Fingerprint>,
+    /// Without a pin: trust on first use, remembered here.
+    pub known_hosts: Option<KnownHosts>,
+    /// Over a folder, trust on first use only when asked (anyone who can
+    /// write the folder can answer a client's first file before the server
+    /// does); without it a folder needs `pin` or a key in `known_hosts`.
+    pub trust_first_use: bool,
+    pub token: Option<String>,
+    /// Allow unencrypted carriers (tcp://, plain ws://, and a folder that
+    /// says `?tls=off`: never a folder by this alone).
+    pub insecure: bool,
+    pub local: Vec<ForwardSpec>,
+    pub remote: Vec<ForwardSpec>,
+    pub socks: Vec<SocketAddr>,
+    pub http: Vec<SocketAddr>,
+    pub session: SessionConfig,
+    /// Congestion control for the carrier (None: the system default).
+    pub congestion: Option<String>,
+    /// Dial again when the carrier drops: resume the session, or start a
+    /// fresh one when the server no longer has it. Off in JMUX mode and
+    /// for `cmd://` (see [`ClientConfig::reconnects`]).
+    pub reconnect: bool,
+    /// TLS sessions to resume: the lanes of a striped session and redials
+    /// skip the full handshake.
+    pub tls_sessions: longhaul_carrier::tls::SessionCache,
+    /// Local addresses the lanes of a striped session leave from, in turn
+    /// (bonding uplinks; empty: the system chooses).
+    pub via: Vec<std::net::IpAddr>,
+    /// What the client counts (shown with `--metrics`).
+    pub metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl ClientConfig {
+    pub fn new(server: CarrierUrl) -> ClientConfig {
+        ClientConfig {
+            server,
+            identity: None,
+            pin: None,
+            known_hosts: None,
+            trust_first_use: false,
+            token: None,
+            insecure: false,
+            local: vec![],
+            remote: vec![],
+            socks: vec![],
+            http: vec![],
+            session: SessionConfig::default(),
+            congestion: None,
+            reconnect: true,
+            tls_sessions: Default::default(),
+            via: Vec::new(),
+            metrics: crate::metrics::Metrics::new(),
+        }
+    }
+
+    /// Whether this client reconnects: asked for, native mode, and a
+    /// carrier that can be dialled again.
+    pub fn reconnects(&self) -> bool {
+        self.reconnect
+            && self.session.mode == longhaul_session::Mode::Native
+            && !matches!(self.server, CarrierUrl::Cmd { .. })
+    }
+}
+
+/// Streams the server opened that were refused, for the log.
+static REFUSED: longhaul_session::logs::Throttle = longhaul_session::logs::Throttle::new();
+
+/// Reverse streams may only reach the targets of our own `-R` forwards.
+pub(crate) struct ClientAcceptor {
+    pub targets: Mutex<HashSet<String>>,
+}
+
+impl Acceptor for ClientAcceptor {
+    fn connect(&self, dest: String) -> BoxFuture<Result<LocalStream, OpenRefused>> {
+        let allowed = self
+            .targets
+            .lock()
+            .map(|t| t.contains(&dest))
+            .unwrap_or(false);
+        Box::pin(async move {
+            if !allowed {
+                // The server chooses how often: throttled, escaped.
+                if REFUSED.pass("refused streams opened by the server") {
+                    let dest = longhaul_session::logs::shown(&dest);
+                    tracing::warn!(%dest, "refused stream opened by server: not one of our -R targets");
+                }
+                return Err(OpenRefused::new(
+                    Reason::NOT_ALLOWED,
+                    "not a reverse-forward target",
+                ));
+            }
+            let (host, port) = parse_dest(&dest).ok_or_else(|| {
+                OpenRefused::new(Reason::ADDRESS_TYPE_NOT_SUPPORTED, "bad destination")
+            })?;
+            connect_host(&host, port).await.map(Into::into)
+        })
+    }
+}

@@ -1,0 +1,71 @@
+//! A server's sessions: the live ones (so that shutdown can close them
+//! and a reload end those it no longer admits), and the slots new ones
+//! take under `--max-sessions`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use longhaul_session::SessionHandle;
+use tokio::sync::Semaphore;
+
+use crate::metrics::Refusal;
+use crate::policy::Who;
+use crate::server_config::ServerConfig;
+
+/// The sessions a server is running, so that shutdown can close them
+/// (and a reload end those it no longer admits).
+#[derive(Clone, Default)]
+pub(crate) struct Live(Arc<std::sync::Mutex<LiveTable>>);
+
+/// The last id given, and each session with who it was admitted as.
+type LiveTable = (u64, HashMap<u64, (SessionHandle, Who)>);
+
+impl Live {
+    pub(crate) fn add(&self, h: SessionHandle, who: Who) -> u64 {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.0 += 1;
+        let id = g.0;
+        g.1.insert(id, (h, who));
+        id
+    }
+
+    pub(crate) fn all(&self) -> Vec<(SessionHandle, Who)> {
+        let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.1.values().cloned().collect()
+    }
+
+    pub(crate) fn remove(&self, id: u64) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .remove(&id);
+    }
+
+    pub(crate) fn drain(&self) -> Vec<SessionHandle> {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.1.drain().map(|(_, (h, _))| h).collect()
+    }
+}
+
+/// The slots under `--max-sessions`.
+#[derive(Clone)]
+pub(crate) struct Slots {
+    pub sem: Arc<Semaphore>,
+    pub config: Arc<ServerConfig>,
+}
+
+impl Slots {
+    /// A slot for a new session, or a log line (and a counted refusal).
+    pub(crate) fn take(
+        &self,
+        from: &dyn std::fmt::Display,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let permit = self.sem.clone().try_acquire_owned().ok();
+        if permit.is_none() {
+            self.config.metrics.refused(Refusal::SessionLimit);
+            tracing::warn!(%from, limit = self.config.max_sessions, "refusing carrier: session limit reached (--max-sessions)");
+        }
+        permit
+    }
+}
