@@ -282,8 +282,11 @@ impl Connection {
             }
         }
         self.mux.heard(now);
+        // One answer for every run of this call: the runtime queues their
+        // DATA after it returns.
+        self.may_slice = true;
         while let Some(mut run) = self.link.as_mut().and_then(LinkLayer::next_run) {
-            self.may_slice = self.lane_pins.may_slice();
+            self.may_slice &= self.lane_pins.may_slice();
             let sentinel = run.split_to(0).freeze();
             loop {
                 match frame::decode(&mut run, self.limits) {
@@ -350,8 +353,7 @@ impl Connection {
                 }
             }
             if !control_left && budget.bytes > control {
-                let frames = budget.frames.saturating_sub(batch.len());
-                mux.poll_transmit(batch, budget.bytes - control, frames);
+                mux.poll_transmit(batch, budget.bytes - control, budget.frames);
             }
             let more = mux.has_output();
             goodbye = mux

@@ -680,7 +680,7 @@ impl Sim {
             }
         }
         if wake {
-            self.notify_one(side);
+            self.notify_all(side);
         }
     }
 
@@ -691,8 +691,6 @@ impl Sim {
             let t = self.sides[side].link.on_tick(self.now, |_| timeout);
             if t.wake_all {
                 self.notify_all(side);
-            } else if t.wake_one {
-                self.notify_one(side);
             }
         }
     }
@@ -714,6 +712,7 @@ fn run(seed: u64) -> Stats {
     // No progress for this long is a stall: lanes that stall for longer
     // must not hold the session (a resume fits well inside).
     let patience = 5_000 * MS;
+    let debug = std::env::var("LINK_SIM_DEBUG").is_ok();
     while !sim.done() {
         sim.now += MS;
         sim.events(seed);
@@ -737,6 +736,22 @@ fn run(seed: u64) -> Stats {
                 r.held(),
                 r.limit()
             );
+        }
+        if debug && sim.now.is_multiple_of(500 * MS) {
+            for (i, s) in sim.sides.iter().enumerate() {
+                let r = s.link.replay();
+                eprintln!(
+                    "{} ms side {i}: held {} room {} sent {} acked {} received {} made {} got {}",
+                    sim.now / MS,
+                    r.held(),
+                    r.room(),
+                    r.sent(),
+                    r.acked(),
+                    s.link.received(),
+                    s.src.made,
+                    s.got
+                );
+            }
         }
         let p = sim.progress();
         if p != last.0 {

@@ -259,7 +259,9 @@ fn lane_input(shared: &Arc<Shared>, f: impl FnOnce(&mut Connection, u64) -> Rece
     match r {
         Received::Taken { wake } => {
             if wake {
-                shared.wake_writer.notify_one();
+                // An ACK is due or owed on every lane (one may be stalled),
+                // or room was freed: every lane looks.
+                shared.wake_lanes();
             }
             true
         }

@@ -35,6 +35,10 @@ impl Shared {
         number: u8,
     ) {
         let mut slot = self.slot();
+        if !self.still_current(id) {
+            tracing::debug!(peer = %self.peer, lane = number, "lane lost before its tasks started");
+            return;
+        }
         let stop = Arc::new(Notify::new());
         let kick = Arc::new(Notify::new());
         let probe: Option<Arc<dyn PathProbe>> = carrier.probe.map(Arc::from);
@@ -183,8 +187,6 @@ impl Shared {
         }
         if tick.wake_all {
             self.wake_lanes();
-        } else if tick.wake_one {
-            self.wake_writer.notify_one();
         }
     }
 }

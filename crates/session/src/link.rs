@@ -52,6 +52,15 @@ impl Shared {
         self.carrier.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether carrier `id` is still current (always, without a link
+    /// layer). Asked under the slot's lock before a carrier's tasks start:
+    /// one lost between its attach and this point (a silence found
+    /// meanwhile) gets no tasks, and the session stays detached for a
+    /// resume, as the link layer says.
+    pub(crate) fn still_current(&self, id: CarrierId) -> bool {
+        self.link().is_none_or(|l| l.is_current(id))
+    }
+
     /// Starts the reader and writer of carrier `id` (the link layer's id
     /// for it; 0 without a link layer). `resend`: frames from the replay
     /// buffer to write first.
@@ -62,6 +71,9 @@ impl Shared {
         resend: Vec<OutFrame>,
     ) {
         let mut slot = self.slot();
+        if !self.still_current(id) {
+            return;
+        }
         slot.id = id;
         let stop = Arc::new(Notify::new());
         slot.probe = carrier.probe.map(Arc::from);

@@ -52,8 +52,10 @@ pub(super) struct Stripes {
     /// The rest of a DATA frame cut to fit the last chunk: the next frame
     /// to send, before anything from the multiplexer (not yet recorded).
     pub carry: Option<OutFrame>,
-    /// An ACK is owed whatever the peer was told (see the module docs).
-    pub ack_owed: bool,
+    /// Lanes that owe the peer an ACK whatever it was told (see the module
+    /// docs): every lane, so that one on a stalled or dying lane is not
+    /// the only copy.
+    pub owed: Vec<CarrierId>,
     pub goodbye_sent: bool,
     /// When a stalled lane may be logged again.
     next_stall_log: u64,
@@ -68,7 +70,7 @@ impl Stripes {
             reorder: Reorder::new(own_limit),
             flight: Flight::default(),
             carry: None,
-            ack_owed: false,
+            owed: Vec::new(),
             goodbye_sent: false,
             next_stall_log: 0,
         }
@@ -79,7 +81,7 @@ impl Stripes {
     pub fn resumed(&mut self, from: u64, resend: &[OutFrame], now: u64) {
         self.reorder.reset();
         self.flight.reset();
-        self.ack_owed = false;
+        self.owed.clear();
         let mut at = from;
         let (mut size, mut frames) = (0usize, 0usize);
         for f in resend {
@@ -104,7 +106,8 @@ pub struct Budget {
     pub control: usize,
     /// …then anything (data included) while the total is under this.
     pub bytes: usize,
-    /// At most this many frames.
+    /// The batch holds at most this many frames (those in it already
+    /// included).
     pub frames: usize,
 }
 
@@ -129,11 +132,10 @@ pub struct Tick {
     pub stalled: Vec<CarrierId>,
     /// Worth a log line (at most every few seconds).
     pub log: bool,
-    /// Chunks wait to be sent again: every lane's writer should look, not
-    /// just one (the one woken might be the lane they avoid).
+    /// Chunks wait to be sent again, or an ACK is owed: every lane's
+    /// writer should look, not just one (the one woken might be the lane
+    /// they avoid, or a stalled one).
     pub wake_all: bool,
-    /// An ACK is owed: some writer should send it.
-    pub wake_one: bool,
 }
 
 /// An optional ACK, then a chunk of `frames` from `offset` on.
@@ -232,25 +234,37 @@ impl LinkLayer {
                 .saturating_sub(self.replay.held())
                 .min(CHUNK_FILL);
             let mut batch = VecDeque::new();
+            // The rest of a frame cut to fit the last chunk goes first, and
+            // nothing else goes before it: frames of its stream queued
+            // since (its EOF or CLOSE, in the control lane) must follow it.
+            // It goes with the data's room, or within the control slack.
             let mut carried = 0;
-            if limit > 0 {
-                if let Some(c) = s.carry.take() {
+            let mut blocked = false;
+            if let Some(c) = s.carry.take() {
+                if limit > 0 || c.remaining() <= control {
                     carried = c.remaining();
                     batch.push_back(c);
+                } else {
+                    s.carry = Some(c);
+                    blocked = true;
                 }
             }
             let budget = Budget {
                 control: control.saturating_sub(carried),
                 bytes: limit.saturating_sub(carried),
-                frames: MAX_CHUNK_FRAMES - batch.len(),
+                frames: MAX_CHUNK_FRAMES,
             };
-            more = pull(budget, &mut batch);
+            if !blocked {
+                more = pull(budget, &mut batch);
+            }
             let control_taken: usize = batch
                 .iter()
                 .filter(|f| f.head().is_empty())
                 .map(OutFrame::remaining)
                 .sum();
-            fit_to_chunk(&mut batch, limit.max(control_taken), &mut s.carry);
+            // Only data taken beyond the room is cut; what went within the
+            // control slack (the carry, control frames) stays whole.
+            fit_to_chunk(&mut batch, limit.max(control_taken + carried), &mut s.carry);
             more |= s.carry.is_some();
             offset = self.replay.sent();
             for f in &batch {
@@ -263,9 +277,19 @@ impl LinkLayer {
             frames = batch.into();
             more |= s.flight.has_resend();
         }
-        let ack = if std::mem::take(&mut s.ack_owed) {
+        // Every chunk carries the latest ACK: one handed to a lane that
+        // stalls since is then repeated by whatever lane goes next, and a
+        // chunk sent again elsewhere after a stall brings it along.
+        let owed = match s.owed.iter().position(|&l| l == lane) {
+            Some(i) => {
+                s.owed.swap_remove(i);
+                true
+            }
+            None => false,
+        };
+        let ack = if owed || !frames.is_empty() {
             Some(self.rx.take_ack_again())
-        } else if !frames.is_empty() || self.rx.ack_due() {
+        } else if self.rx.ack_due() {
             self.rx.take_ack()
         } else {
             None
@@ -308,6 +332,7 @@ impl LinkLayer {
         if !self.is_current(lane) {
             return Ok(false);
         }
+        let live: Vec<CarrierId> = self.carriers().iter().map(|c| c.0).collect();
         let Some(s) = self.stripes.as_mut() else {
             return Ok(false);
         };
@@ -315,7 +340,7 @@ impl LinkLayer {
         s.reorder.insert(offset, data)?;
         if s.reorder.duplicates() > before {
             // Sent again: the peer did not hear our ACK for it.
-            s.ack_owed = true;
+            s.owed = live;
         }
         Ok(true)
     }
@@ -331,14 +356,15 @@ impl LinkLayer {
 
     /// An ACK should go out now (due by volume, or owed).
     pub fn ack_wanted(&self) -> bool {
-        self.rx.ack_due() || self.stripes.as_ref().is_some_and(|s| s.ack_owed)
+        self.rx.ack_due() || self.stripes.as_ref().is_some_and(|s| !s.owed.is_empty())
     }
 
     /// The striped session's timer: chunks waiting on a lane longer than
     /// `timeout(lane)` are queued to go again on another; an ACK is owed
     /// for whatever arrived since the last one.
     pub fn on_tick(&mut self, now: u64, timeout: impl Fn(CarrierId) -> Duration) -> Tick {
-        let several = self.carriers().len() > 1;
+        let live: Vec<CarrierId> = self.carriers().iter().map(|c| c.0).collect();
+        let several = live.len() > 1;
         let received = self.rx.received() > self.rx.told();
         let Some(s) = self.stripes.as_mut() else {
             return Tick::default();
@@ -348,14 +374,17 @@ impl LinkLayer {
         } else {
             Vec::new()
         };
-        s.ack_owed |= received;
+        if received || !stalled.is_empty() {
+            // Something arrived since the last ACK; or a lane stalled, and
+            // the last ACK may be waiting on it.
+            s.owed = live;
+        }
         let log = !stalled.is_empty() && now >= s.next_stall_log;
         if log {
             s.next_stall_log = now + STALL_LOG_EVERY.as_nanos() as u64;
         }
         Tick {
-            wake_all: s.flight.has_resend(),
-            wake_one: s.ack_owed,
+            wake_all: s.flight.has_resend() || !s.owed.is_empty(),
             stalled,
             log,
         }
@@ -444,12 +473,16 @@ mod owed {
         let body = ping().body;
         assert!(l.on_chunk(a, 0, BytesMut::from(&body[..])).unwrap());
         while l.next_run().is_some() {}
-        // The tick owes an ACK for it; it goes on lane a…
-        assert!(l.on_tick(0, |_| Duration::from_secs(1)).wake_one);
+        // The tick owes an ACK for it, on every lane (one might stall)…
+        assert!(l.on_tick(0, |_| Duration::from_secs(1)).wake_all);
         let c = l.next_chunk(a, CHUNK_FILL, 0, |_, _| false).unwrap();
         assert!(has_ack(&c) && c.len == 0);
+        assert!(l.next_chunk(a, CHUNK_FILL, 0, |_, _| false).is_none());
+        assert!(has_ack(
+            &l.next_chunk(b, CHUNK_FILL, 0, |_, _| false).unwrap()
+        ));
         assert!(l.next_chunk(b, CHUNK_FILL, 0, |_, _| false).is_none());
-        // …which dies with it: lane b owes it again.
+        // …and when a lane dies, the others owe it again.
         l.carrier_lost(a, 1);
         let c = l.next_chunk(b, CHUNK_FILL, 0, |_, _| false).unwrap();
         assert!(has_ack(&c));
@@ -472,9 +505,89 @@ mod owed {
         let t = l.on_tick(10_000_000_000, |_| Duration::from_millis(300));
         assert_eq!(t.stalled, vec![a]);
         assert!(t.wake_all, "the lane woken might be the one avoided");
-        // The stalled lane finds nothing; the other takes the chunk again.
-        assert!(l.next_chunk(a, CHUNK_FILL, 1, |_, _| false).is_none());
+        // The stalled lane finds only an ACK to send; the other takes the
+        // chunk again, with the ACK.
+        let c = l.next_chunk(a, CHUNK_FILL, 1, |_, _| false).unwrap();
+        assert_eq!(c.len, 0);
         let c = l.next_chunk(b, CHUNK_FILL, 1, |_, _| false).unwrap();
-        assert!(c.resent && c.len > 0);
+        assert!(c.resent && c.len > 0 && has_ack(&c));
+    }
+}
+
+#[cfg(test)]
+mod order {
+    use super::*;
+    use crate::frame::DecodeLimits;
+    use crate::resume::{Secret, SessionId};
+
+    fn data(n: usize) -> OutFrame {
+        let mut h = [0u8; DATA_HEADER_LEN];
+        crate::frame::write_data_header(&mut h, 1, n);
+        OutFrame::data(h, Bytes::from(vec![1u8; n]))
+    }
+
+    fn frames_of(c: Chunk) -> Vec<Frame> {
+        let mut b = BytesMut::new();
+        for p in c.pieces {
+            b.extend_from_slice(&p);
+        }
+        let mut out = Vec::new();
+        while let Some(f) = crate::frame::decode(&mut b, DecodeLimits::default()).unwrap() {
+            if let Frame::Chunk { len, .. } = f {
+                let mut body = b.split_to(len as usize);
+                while let Some(g) =
+                    crate::frame::decode(&mut body, DecodeLimits::default()).unwrap()
+                {
+                    out.push(g);
+                }
+            } else {
+                out.push(f);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_streams_eof_never_overtakes_the_rest_of_its_cut_frame() {
+        let mut l = LinkLayer::new(
+            1 << 20,
+            256 << 10,
+            2,
+            SessionId([0; 16]),
+            Secret([0; 32]),
+            String::new(),
+        );
+        let a = l.attach(0).unwrap();
+        l.attach(1).unwrap();
+        // Fill the replay bound to 2 112 bytes short…
+        l.next_chunk(a, 1 << 20, 0, |_, out| {
+            out.extend((0..4).map(|_| data(65_000)));
+            true
+        })
+        .unwrap();
+        assert_eq!(l.replay().room(), 2112);
+        // …so the next frame is cut: its rest waits, and the room is gone.
+        l.next_chunk(a, 1 << 20, 0, |_, out| {
+            out.push_back(data(60_000));
+            false
+        })
+        .unwrap();
+        assert_eq!(l.replay().room(), 0);
+        // The stream's EOF is queued now: it goes after the rest.
+        let eof = OutFrame::encoded(Frame::Eof { recipient: 1 }.to_bytes().unwrap());
+        let mut eof = Some(eof);
+        let c = l
+            .next_chunk(a, 1 << 20, 0, |b, out| {
+                assert!(b.control > 0);
+                out.extend(eof.take());
+                false
+            })
+            .unwrap();
+        let kinds: Vec<u8> = frames_of(c)
+            .iter()
+            .map(Frame::type_code)
+            .filter(|&k| k != crate::frame::T_ACK)
+            .collect();
+        assert_eq!(kinds, vec![crate::frame::T_DATA, crate::frame::T_EOF]);
     }
 }

@@ -234,9 +234,10 @@ impl LinkLayer {
             self.detached_since = Some(now);
             return Lost::Detached;
         }
+        let live: Vec<CarrierId> = self.carriers.iter().map(|c| c.id).collect();
         let s = self.stripes.as_mut().expect("only lanes come several");
         // Whatever ACK it carried may be lost with it.
-        s.ack_owed = true;
+        s.owed = live;
         Lost::Lane {
             left: self.carriers.len(),
             resent: s.flight.lane_lost(carrier),

@@ -1,0 +1,113 @@
+#!/bin/bash
+# Loopback, one run, interleaved: longhaul builds (LABEL=BINARY ...) against
+# wstunnel and a direct connection. Per relay and round:
+#   * iperf3 (Debian's) 1 stream, 5 s, -O 1, through the relay's -L port;
+#   * CPU = utime + stime of both relay processes during that iperf3 run,
+#     per GB the iperf3 receiver counted;
+#   * `longhaul bench rr --sizes 1`: 1-byte request/response p50 and rate
+#     (the same client and bench server for every relay).
+# Usage: WSTUNNEL=/path/to/wstunnel scripts/loopback_vs_wstunnel.sh \
+#            before=/work/longhaul-before after=/work/longhaul-after
+# Build wstunnel from its source (erebe/wstunnel, `cargo build --release -p
+# wstunnel-cli`). Only loopback ports; every process started here is
+# killed by PID at the end.
+set -u
+WSTUNNEL=${WSTUNNEL:?set WSTUNNEL to a wstunnel binary}
+ROUNDS=${ROUNDS:-3}
+SECS=${SECS:-5}
+RR_N=${RR_N:-5000}
+TOOL=${1#*=}   # the first longhaul binary runs the bench server and client
+IPERF_PORT=35501
+BENCH_PORT=35502
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+iperf3 -s -p $IPERF_PORT >/dev/null 2>&1 & PIDS+=($!)
+"$TOOL" bench server --listen 127.0.0.1:$BENCH_PORT >/dev/null 2>&1 & PIDS+=($!)
+sleep 0.5
+
+ticks() { # pid -> utime+stime in clock ticks
+  awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+
+wait_port() {
+  for _ in $(seq 100); do
+    ss -Hltn "sport = :$1" | grep -q . && return 0
+    sleep 0.05
+  done
+  echo "port $1 never opened" >&2
+  return 1
+}
+
+# measure LABEL PORT_IPERF PORT_RR [relay pids...]
+measure() {
+  local label=$1 tp=$2 rp=$3
+  shift 3
+  local before=0 after=0 p
+  for p in "$@"; do before=$((before + $(ticks "$p"))); done
+  local json
+  json=$(iperf3 -c 127.0.0.1 -p "$tp" -t "$SECS" -O 1 -J 2>/dev/null)
+  for p in "$@"; do after=$((after + $(ticks "$p"))); done
+  local hz
+  hz=$(getconf CLK_TCK)
+  local rr
+  rr=$("$TOOL" bench rr 127.0.0.1:"$rp" --sizes 1 -n "$RR_N" --json 2>/dev/null)
+  python3 - "$label" "$((after - before))" "$hz" "$json" "$rr" <<'EOF'
+import json, sys
+label, ticks, hz, ip, rr = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+try:
+    end = json.loads(ip)["end"]["sum_received"]
+    gbit, gb = end["bits_per_second"] / 1e9, end["bytes"] / 1e9
+except Exception:
+    gbit, gb = 0.0, 0.0
+try:
+    row = json.loads(rr)["rows"][0]
+    p50, rate = row["p50_us"], row["round_trips_per_sec"]
+except Exception:
+    p50, rate = float("nan"), 0.0
+cpu = (ticks / hz / gb) if gb > 0 and ticks > 0 else float("nan")
+print(f"{label:<10} {gbit:6.2f} Gbit/s  cpu {cpu:6.3f} s/GB  rr p50 {p50:6.1f} us  {rate:7.0f}/s")
+EOF
+}
+
+direct() {
+  measure direct $IPERF_PORT $BENCH_PORT
+}
+
+longhaul() { # label binary
+  local label=$1 bin=$2
+  $bin server --listen tcp://127.0.0.1:35510 --insecure --allow 127.0.0.1:$IPERF_PORT \
+    --allow 127.0.0.1:$BENCH_PORT --control none >/dev/null 2>&1 &
+  local s=$!
+  wait_port 35510 || return
+  $bin client tcp://127.0.0.1:35510 --insecure -L 35511:127.0.0.1:$IPERF_PORT \
+    -L 35512:127.0.0.1:$BENCH_PORT --control none >/dev/null 2>&1 &
+  local c=$!
+  wait_port 35511 && wait_port 35512 && measure "$label" 35511 35512 $c $s
+  kill $c $s 2>/dev/null
+  wait $c $s 2>/dev/null
+}
+
+wstunnel() {
+  $WSTUNNEL server ws://127.0.0.1:35520 >/dev/null 2>&1 &
+  local s=$!
+  wait_port 35520 || return
+  $WSTUNNEL client -L tcp://35521:127.0.0.1:$IPERF_PORT -L tcp://35522:127.0.0.1:$BENCH_PORT \
+    ws://127.0.0.1:35520 >/dev/null 2>&1 &
+  local c=$!
+  wait_port 35521 && wait_port 35522 && measure wstunnel 35521 35522 $c $s
+  kill $c $s 2>/dev/null
+  wait $c $s 2>/dev/null
+}
+
+echo "loopback, iperf3 1 stream ${SECS}s, rr 1 B x $RR_N; $(nproc) cores; $(uname -r)"
+for round in $(seq "$ROUNDS"); do
+  echo "-- round $round"
+  direct
+  wstunnel
+  for arg in "$@"; do
+    longhaul "${arg%%=*}" "${arg#*=}"
+  done
+done
