@@ -5,7 +5,9 @@
 #   * CPU = utime + stime of both relay processes during that iperf3 run,
 #     per GB the iperf3 receiver counted;
 #   * `longhaul bench rr --sizes 1`: 1-byte request/response p50 and rate
-#     (the same client and bench server for every relay).
+#     (the same client and bench server for every relay);
+#   * with PERF=1, syscalls and context switches of both relays per MB
+#     during the iperf3 run (`perf stat`).
 # Usage: WSTUNNEL=/path/to/wstunnel scripts/loopback_vs_wstunnel.sh \
 #            before=/work/longhaul-before after=/work/longhaul-after
 # Build wstunnel from its source (erebe/wstunnel, `cargo build --release -p
@@ -47,16 +49,33 @@ measure() {
   shift 3
   local before=0 after=0 p
   for p in "$@"; do before=$((before + $(ticks "$p"))); done
-  local json
+  local json perfpid=""
+  if [ -n "${PERF:-}" ] && [ $# -gt 0 ]; then
+    perf stat -x, -e raw_syscalls:sys_enter,context-switches -p "$(IFS=,; echo "$*")" \
+      -o "$WORK/perf" -- sleep $((SECS + 1)) 2>/dev/null &
+    perfpid=$!
+  fi
   json=$(iperf3 -c 127.0.0.1 -p "$tp" -t "$SECS" -O 1 -J 2>/dev/null)
   for p in "$@"; do after=$((after + $(ticks "$p"))); done
+  local sys=0 cs=0
+  if [ -n "$perfpid" ]; then
+    wait "$perfpid"
+    sys=$(awk -F, '/raw_syscalls/ {print $1}' "$WORK/perf")
+    cs=$(awk -F, '/context-switches/ {print $1}' "$WORK/perf")
+  fi
   local hz
   hz=$(getconf CLK_TCK)
   local rr
   rr=$("$TOOL" bench rr 127.0.0.1:"$rp" --sizes 1 -n "$RR_N" --json 2>/dev/null)
-  python3 - "$label" "$((after - before))" "$hz" "$json" "$rr" <<'EOF'
+  python3 - "$label" "$((after - before))" "$hz" "$json" "$rr" "${sys:-0}" "${cs:-0}" <<'EOF'
 import json, sys
 label, ticks, hz, ip, rr = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+def num(x):
+    try:
+        return float(x)
+    except ValueError:
+        return 0.0
+sysc, cs = num(sys.argv[6]), num(sys.argv[7])
 try:
     end = json.loads(ip)["end"]["sum_received"]
     gbit, gb = end["bits_per_second"] / 1e9, end["bytes"] / 1e9
@@ -68,7 +87,11 @@ try:
 except Exception:
     p50, rate = float("nan"), 0.0
 cpu = (ticks / hz / gb) if gb > 0 and ticks > 0 else float("nan")
-print(f"{label:<10} {gbit:6.2f} Gbit/s  cpu {cpu:6.3f} s/GB  rr p50 {p50:6.1f} us  {rate:7.0f}/s")
+extra = ""
+if sysc and gb:
+    # perf counts a little longer than iperf3 sends: an upper bound.
+    extra = f"  syscalls {sysc / (gb * 1000):5.1f}/MB  cs {cs / (gb * 1000):5.2f}/MB"
+print(f"{label:<10} {gbit:6.2f} Gbit/s  cpu {cpu:6.3f} s/GB  rr p50 {p50:6.1f} us  {rate:7.0f}/s{extra}")
 EOF
 }
 
