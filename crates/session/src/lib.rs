@@ -1,30 +1,39 @@
-//! The session runtime: runs the protocol core over a carrier on tokio.
+//! The session runtime: runs the protocol (`longhaul_proto::connection::
+//! Connection`, the multiplexer over the link layer) over one carrier or
+//! several lanes on tokio. The connection makes every protocol decision;
+//! the tasks here only move bytes and wake each other.
 //!
 //! Tasks of one session:
 //!
-//! * the **carrier reader** ([`reader`]) decodes frames and hands them to
-//!   the protocol core ([`longhaul_proto::mux::Mux`], under the session
-//!   lock in [`runtime`]); it never waits on a stream (DATA goes into the
-//!   stream's inbound queue, which the receive window bounds), so a stalled
-//!   consumer stalls only its own stream;
+//! * the **carrier reader** ([`reader`]) hands each read to the connection
+//!   under the session lock ([`runtime`]), which decodes the frames,
+//!   refuses them if the carrier is no longer current, and counts what it
+//!   takes; it never waits on a stream (DATA goes into the stream's inbound
+//!   queue, which the receive window bounds), so a stalled consumer stalls
+//!   only its own stream;
 //! * the **carrier writer** ([`writer`]) is the only task that writes to the
 //!   carrier: it drains the control lane first (OPEN, WINDOW_ADJUST, EOF,
 //!   CLOSE, PING…), then takes DATA frames from streams in deficit
 //!   round-robin order, and sends each batch with one vectored write as soon
-//!   as it has anything;
-//! * per stream ([`stream`]), an **uplink** (local socket → frames, limited
-//!   by the peer's credit) and a **downlink** (inbound queue → local socket,
-//!   returning credit only once bytes are written);
-//! * the **link layer** ([`link`], [`resume`]): with resume negotiated,
-//!   every frame written is kept until the peer acknowledges it, so that
-//!   when the carrier drops the session is detached rather than closed,
-//!   and resumes on a new carrier with nothing lost or repeated;
-//! * a striped session's **lanes** ([`lanes`], [`lane_io`]): several
-//!   carriers under one link layer; each lane's writer takes chunks when
-//!   its socket has room, readers put chunks back in order, and a lost or
-//!   stalled lane's chunks go again on the others;
+//!   as it has anything; with a link layer each frame is recorded for a
+//!   replay as it starts going out;
+//! * per stream ([`stream`], [`pump`]), an **uplink** (local socket →
+//!   frames, limited by the peer's credit) and a **downlink** (inbound queue
+//!   → local socket, returning credit only once bytes are written);
+//! * the **link layer**'s tasks ([`link`], [`resume`]): a resumable session
+//!   whose carrier drops is detached rather than closed, and resumes on a
+//!   new carrier with nothing lost or repeated;
+//! * a striped session's **lanes** ([`lanes`], [`lane_io`]): each lane's
+//!   writer asks the connection for a chunk when its socket has room, its
+//!   reader hands chunks in; the connection puts them back in order and
+//!   sends a lost or stalled lane's chunks again on the others;
 //! * a **housekeeping** tick (not on the data path): keepalive PINGs, RTT
-//!   sampling, dead-peer and idle detection.
+//!   sampling, dead-peer and idle detection, a striped session's stall
+//!   checks.
+//!
+//! Modules form layers with no import cycles: [`config`] and [`tasks`]
+//! at the bottom, then [`runtime`], the byte pumps, the link and lane task
+//! management, and [`start`] / [`handle`] on top.
 //!
 //! Memory: every queue is bounded (see [`SessionConfig`] and docs/SECURITY.md),
 //! and what a queue holds is charged at what it really holds ([`inbound`],

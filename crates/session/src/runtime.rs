@@ -1,8 +1,9 @@
-//! The session's shared state: the protocol core ([`Mux`]) under one lock,
-//! plus what only the runtime has — each stream's wake-ups and inbound
-//! queue, the tasks of its pumps, the openers waiting for answers. Every
-//! call into the core is followed by [`Shared::dispatch`], which turns the
-//! core's events into wake-ups, queued data and spawned work.
+//! The session's shared state: the protocol ([`Connection`]: multiplexer
+//! and link layer) under one lock, plus what only the runtime has — each
+//! stream's wake-ups and inbound queue, the tasks of its pumps, the
+//! openers waiting for answers. Every call into the core is followed by
+//! [`Shared::dispatch`], which turns the core's events into wake-ups,
+//! queued data and spawned work.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
