@@ -169,6 +169,8 @@ struct Side {
     link: LinkLayer,
     src: Source,
     got: u64,
+    /// The peer's EOF arrived (every byte must have come before it).
+    eof: bool,
     /// A wake stored for the next writer to wait (tokio's `notify_one`).
     permit: bool,
     /// Single carrier: frames from the replay to write first after a resume.
@@ -211,11 +213,16 @@ struct Source {
     total: u64,
     made: u64,
     next_ping: u64,
+    /// The stream's EOF was taken (it goes in the control lane once the
+    /// last DATA has left, as the multiplexer does).
+    eof_sent: bool,
 }
 
 impl Source {
-    /// Frames for the multiplexer's place: a PING when due (control), then
-    /// DATA of the pattern, within `budget`. Returns whether more waits.
+    /// Frames for the multiplexer's place: a PING when due and the EOF once
+    /// every byte has left (control, first), then DATA of the pattern while
+    /// under `budget` (the last frame may overshoot it, as the
+    /// multiplexer's does). Returns whether more waits.
     fn pull(
         &mut self,
         now: u64,
@@ -231,9 +238,15 @@ impl Source {
             taken += b.len();
             out.push_back(OutFrame::encoded(b));
         }
+        if self.made == self.total && !self.eof_sent && taken < budget.control {
+            self.eof_sent = true;
+            let eof = Frame::Eof { recipient: 1 }.to_bytes().unwrap();
+            taken += eof.len();
+            out.push_back(OutFrame::encoded(eof));
+        }
         while taken < budget.bytes && out.len() < budget.frames && self.made < self.total {
             let left = (self.total - self.made).min(16 << 10);
-            let n = rng.range(1, left).min((budget.bytes - taken).max(1) as u64) as usize;
+            let n = rng.range(1, left) as usize;
             let payload: Vec<u8> = (self.made..self.made + n as u64).map(pattern).collect();
             let mut h = [0u8; DATA_HEADER_LEN];
             frame::write_data_header(&mut h, 1, n);
@@ -241,7 +254,7 @@ impl Source {
             self.made += n as u64;
             taken += n + DATA_HEADER_LEN;
         }
-        self.made < self.total
+        self.made < self.total || !self.eof_sent
     }
 }
 
@@ -250,6 +263,7 @@ impl Side {
     fn handle(&mut self, f: Frame, seed: u64) {
         match f {
             Frame::Data { payload, .. } => {
+                assert!(!self.eof, "seed {seed}: DATA after EOF");
                 for (i, b) in payload.iter().enumerate() {
                     let at = self.got + i as u64;
                     assert_eq!(
@@ -261,6 +275,10 @@ impl Side {
                 self.got += payload.len() as u64;
             }
             Frame::Ping { .. } => {}
+            Frame::Eof { .. } => {
+                assert!(!self.eof, "seed {seed}: EOF twice");
+                self.eof = true;
+            }
             other => panic!("seed {seed}: unexpected frame {other:?}"),
         }
     }
@@ -287,8 +305,10 @@ impl Sim {
                 total: rng.range(total / 2, total),
                 made: 0,
                 next_ping: 0,
+                eof_sent: false,
             },
             got: 0,
+            eof: false,
             permit: false,
             resend: VecDeque::new(),
             joining: None,
@@ -696,8 +716,8 @@ impl Sim {
     }
 
     fn done(&self) -> bool {
-        self.sides[CLIENT].got == self.sides[SERVER].src.total
-            && self.sides[SERVER].got == self.sides[CLIENT].src.total
+        let [c, s] = &self.sides;
+        c.eof && s.eof && c.got == s.src.total && s.got == c.src.total
     }
 
     fn progress(&self) -> u64 {
