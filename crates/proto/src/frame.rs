@@ -161,7 +161,7 @@ pub enum Frame {
     Goodbye,
     /// Link layer, on the lanes of a striped session: the next `len` bytes
     /// on this lane (not part of this frame's size) are the session's
-    /// sequenced bytes from `offset` on. See [`crate::stripe`].
+    /// sequenced bytes from `offset` on. See `stripe`.
     Chunk {
         offset: u64,
         len: u32,

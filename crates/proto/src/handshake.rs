@@ -23,7 +23,7 @@ pub const FEATURE_PING: u32 = 1 << 0;
 /// Reverse forwards (BIND messages).
 pub const FEATURE_BIND: u32 = 1 << 1;
 /// The link layer (ACK frames) and the attach exchange of
-/// [`crate::resume`]: sessions that survive a dropped carrier. (Bit 2 was
+/// `resume`: sessions that survive a dropped carrier. (Bit 2 was
 /// its first version, whose secret travelled in the ATTACHED message and
 /// whose proofs were not bound to the carrier: a peer that offers only
 /// that one gets a session without resume.)

@@ -1,7 +1,7 @@
 //! Attaching a carrier to a session: a new one, or one that lost its carrier.
 //!
 //! Runs right after the hello when both sides offer
-//! [`FEATURE_RESUME`](crate::handshake::FEATURE_RESUME), and after the
+//! `handshake::FEATURE_RESUME`, and after the
 //! carrier's own authentication (TLS key, token). Fixed-size messages:
 //!
 //! ```text
@@ -18,7 +18,7 @@
 //!   | u32 replay limit
 //! ```
 //!
-//! A striped session ([`crate::stripe`]) starts like any other, with the
+//! A striped session (`stripe`) starts like any other, with the
 //! lanes wanted; each further lane joins with kind 2 and a proof made the
 //! same way under another label, so a lane proof never passes for a
 //! resume.
@@ -35,7 +35,7 @@
 //! new carrier's TLS exporter value (zeros without TLS), so a proof made
 //! on one carrier is worthless on any other (it cannot be relayed). Both
 //! sides then send again what the other has not received
-//! ([`crate::link::Replay::rewind`]).
+//! (`link::Replay::rewind`).
 
 use sha2::{Digest, Sha256};
 

@@ -2,7 +2,7 @@
 //! ("lanes"), seed 003's inverse multiplexer.
 //!
 //! The link layer numbers the bytes of the frames each side sends
-//! ([`crate::link`]). In a striped session each lane's writer, whenever its
+//! (`link`). In a striped session each lane's writer, whenever its
 //! socket has room, takes the next run of whole frames and sends it as a
 //! chunk: a CHUNK header (offset, length) and those bytes. A lane whose path
 //! is slow or lossy drains slowly and so takes fewer chunks; the chunk size

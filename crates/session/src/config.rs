@@ -62,13 +62,13 @@ pub struct SessionConfig {
     pub resume: bool,
     /// Bytes sent and not yet acknowledged that the link layer keeps for a
     /// replay; the writer waits when it is full. 0: sized to this machine's
-    /// TCP buffers ([`crate::auto_replay_limit`]).
+    /// TCP buffers (`auto_replay_limit`).
     pub replay_limit: usize,
     /// Client: carriers ("lanes") to stripe the session over; 0 or 1: one
     /// carrier. Needs resume on both sides.
     pub stripes: u8,
     /// Server: most lanes granted to one session (up to
-    /// [`crate::MAX_LANES`]). Default 8.
+    /// `MAX_LANES`). Default 8.
     pub max_stripes: u8,
     /// How long a server keeps a session whose carrier dropped, waiting for
     /// the client to resume it. Default 60 s.

@@ -1,4 +1,4 @@
-//! A lane's reader and writer (striped sessions, see [`crate::lanes`]).
+//! A lane's reader and writer (striped sessions, see `lanes`).
 //!
 //! Both only move bytes; the link layer decides
 //! (`longhaul_proto::link::LinkLayer`). The writer of a lane asks for a
@@ -23,8 +23,8 @@ use longhaul_proto::stripe::{chunk_target, CHUNK_MAX};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
-use crate::requests::{connect_for_peer, serve_bind};
-use crate::runtime::{Shared, Work};
+use crate::requests::start_work;
+use crate::runtime::Shared;
 use crate::tasks::LaneCounters;
 
 /// A lane's read buffer between chunks (chunk bytes are read into a
@@ -250,12 +250,7 @@ pub(crate) async fn lane_reader(
 /// replaced, or the session ended).
 fn lane_input(shared: &Arc<Shared>, f: impl FnOnce(&mut Connection, u64) -> Received) -> bool {
     let (r, work) = shared.input(f);
-    for w in work {
-        match w {
-            Work::Connect(open, dest) => connect_for_peer(shared, open, dest),
-            Work::Bind(request, bind, dest) => serve_bind(shared, request, bind, dest),
-        }
-    }
+    start_work(shared, work);
     match r {
         Received::Taken { wake } => {
             if wake {

@@ -8,7 +8,7 @@
 //! resumable session is **detached**: its tasks stop, the multiplexer's
 //! timers pause, and every stream stays as it is (pumps stop once windows
 //! and queues fill). A new carrier is attached after the resume exchange
-//! ([`crate::resume`]): the replay buffer's unacknowledged frames go out
+//! (`resume`): the replay buffer's unacknowledged frames go out
 //! first, then what the old writer had taken from the multiplexer but not
 //! started. A session without a link layer (JMUX, `--stdio`, a peer
 //! without resume) closes on a carrier failure, as before.

@@ -1,5 +1,5 @@
 //! The two pumps of a stream whose local end is an in-process pipe
-//! ([`crate::pipe`]): the same rules as a socket's ([`crate::stream`]) —
+//! (`pipe`): the same rules as a socket's (`stream`) —
 //! the peer's credit limits the uplink, and credit goes back only for
 //! bytes the pipe took — with buffers handed over instead of copied.
 

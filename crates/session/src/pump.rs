@@ -1,6 +1,6 @@
 //! What both kinds of stream pumps share (a local socket's, in
-//! [`crate::stream`], and an in-process service's, in
-//! [`crate::pipe_pumps`]): waiting for room to send, taking what arrived,
+//! `stream`, and an in-process service's, in
+//! `pipe_pumps`): waiting for room to send, taking what arrived,
 //! returning credit, and telling the core when a stream's local end fails
 //! or closes.
 

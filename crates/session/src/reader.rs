@@ -19,8 +19,8 @@ use longhaul_proto::frame;
 use longhaul_proto::link::CarrierId;
 use tokio::io::AsyncReadExt;
 
-use crate::requests::{connect_for_peer, serve_bind};
-use crate::runtime::{Shared, Work};
+use crate::requests::start_work;
+use crate::runtime::Shared;
 
 /// Carrier read buffer size.
 pub(crate) const READ_CHUNK: usize = 512 * 1024;
@@ -70,12 +70,7 @@ enum Batch {
 /// in the same call; then starts the work the frames asked for.
 fn decode_batch(shared: &Arc<Shared>, buf: &mut BytesMut, may_slice: bool, id: CarrierId) -> Batch {
     let (r, work) = shared.input(|c, now| c.on_bytes(id, buf, may_slice, now));
-    for w in work {
-        match w {
-            Work::Connect(open, dest) => connect_for_peer(shared, open, dest),
-            Work::Bind(request, bind, dest) => serve_bind(shared, request, bind, dest),
-        }
-    }
+    start_work(shared, work);
     match r {
         Received::Taken { wake } => {
             if wake {

@@ -9,7 +9,7 @@ use longhaul_proto::mux::{IncomingOpen, Refused};
 
 use crate::config::OpenRefused;
 use crate::logs::{escaped, shown, Throttle};
-use crate::runtime::{SessionHandle, Shared};
+use crate::runtime::{SessionHandle, Shared, Work};
 use crate::stream::spawn_pumps;
 
 /// Refused OPENs logged, across sessions.
@@ -61,4 +61,15 @@ pub(crate) fn serve_bind(shared: &Arc<Shared>, request: u32, bind: String, dest:
         let r = fut.await.map_err(|e| Refused::new(e.reason, e.description));
         me.with(|m, _| m.answer_bind(request, r));
     });
+}
+
+/// Starts the work the peer's frames asked for (a reader hands it over once
+/// the frames are handled and the session lock is let go).
+pub(crate) fn start_work(shared: &Arc<Shared>, work: Vec<Work>) {
+    for w in work {
+        match w {
+            Work::Connect(open, dest) => connect_for_peer(shared, open, dest),
+            Work::Bind(request, bind, dest) => serve_bind(shared, request, bind, dest),
+        }
+    }
 }

@@ -49,7 +49,7 @@ pub trait Acceptor: Send + Sync + 'static {
 }
 
 /// A cheap, clonable handle to a running session (its methods are in
-/// [`crate::handle`]).
+/// `handle`).
 #[derive(Clone)]
 pub struct SessionHandle {
     pub(crate) shared: Arc<Shared>,
@@ -85,7 +85,7 @@ type OpenReply = oneshot::Sender<Result<(), OpenRefused>>;
 type BindReply = oneshot::Sender<Result<u16, OpenRefused>>;
 
 /// What the peer asked for that needs a task: started by the reader
-/// ([`crate::reader`]) once the frame is handled.
+/// (`reader`) once the frame is handled.
 pub(crate) enum Work {
     /// Connect to `dest`, then answer the OPEN.
     Connect(IncomingOpen, String),

@@ -391,10 +391,23 @@ impl LinkLayer {
     }
 }
 
+/// A striped session of two lanes with a 1 MiB replay bound, for tests;
+/// `peer_limit`: the peer's bound (ours to keep unacknowledged).
+#[cfg(test)]
+fn test_link(peer_limit: usize) -> LinkLayer {
+    LinkLayer::new(
+        1 << 20,
+        peer_limit,
+        2,
+        crate::resume::SessionId([0; 16]),
+        crate::resume::Secret([0; 32]),
+        String::new(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resume::{Secret, SessionId};
 
     fn data(n: usize) -> OutFrame {
         let mut h = [0u8; DATA_HEADER_LEN];
@@ -408,14 +421,7 @@ mod tests {
 
     #[test]
     fn control_frames_still_go_at_the_replay_bound() {
-        let mut l = LinkLayer::new(
-            1 << 20,
-            256 << 10,
-            2,
-            SessionId([0; 16]),
-            Secret([0; 32]),
-            String::new(),
-        );
+        let mut l = test_link(256 << 10);
         let a = l.attach(0).unwrap();
         l.attach(1).unwrap();
         // Fill the replay bound with data nobody acknowledges.
@@ -441,17 +447,9 @@ mod tests {
 #[cfg(test)]
 mod owed {
     use super::*;
-    use crate::resume::{Secret, SessionId};
 
     fn striped() -> (LinkLayer, CarrierId, CarrierId) {
-        let mut l = LinkLayer::new(
-            1 << 20,
-            1 << 20,
-            2,
-            SessionId([0; 16]),
-            Secret([0; 32]),
-            String::new(),
-        );
+        let mut l = test_link(1 << 20);
         let a = l.attach(0).unwrap();
         let b = l.attach(1).unwrap();
         (l, a, b)
@@ -518,7 +516,6 @@ mod owed {
 mod order {
     use super::*;
     use crate::frame::DecodeLimits;
-    use crate::resume::{Secret, SessionId};
 
     fn data(n: usize) -> OutFrame {
         let mut h = [0u8; DATA_HEADER_LEN];
@@ -549,14 +546,7 @@ mod order {
 
     #[test]
     fn a_streams_eof_never_overtakes_the_rest_of_its_cut_frame() {
-        let mut l = LinkLayer::new(
-            1 << 20,
-            256 << 10,
-            2,
-            SessionId([0; 16]),
-            Secret([0; 32]),
-            String::new(),
-        );
+        let mut l = test_link(256 << 10);
         let a = l.attach(0).unwrap();
         l.attach(1).unwrap();
         // Fill the replay bound to 2 112 bytes short…
