@@ -374,6 +374,12 @@ fn logs_have_no_colours_in_a_file_and_can_be_json() {
             &log,
         );
         wait_port(port);
+        // The port opens a moment before the line reaches the file.
+        wait_until(10, "the listening line in the log", || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("bench server listening")
+        });
         drop(p);
         let text = std::fs::read_to_string(&log).unwrap();
         assert!(text.contains("bench server listening"), "{text}");
