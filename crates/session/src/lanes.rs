@@ -46,14 +46,14 @@ impl Shared {
             p.set_floor(longhaul_carrier::LANE_NOTSENT_MIN);
         }
         let counters = Arc::new(LaneCounters::default());
-        let reader = tokio::spawn(lane_reader(
+        let reader = self.spawn(lane_reader(
             self.clone(),
             carrier.reader,
             limits,
             id,
             counters.clone(),
         ));
-        let writer = tokio::spawn(lane_writer(
+        let writer = self.spawn(lane_writer(
             self.clone(),
             carrier.writer,
             id,

@@ -3,7 +3,13 @@
 //! several lanes on tokio. The connection makes every protocol decision;
 //! the tasks here only move bytes and wake each other.
 //!
-//! Tasks of one session:
+//! Tasks of one session, all run as futures of one tokio task, the
+//! session's [`driver`]: a hand-off between them (an uplink waking the
+//! carrier writer, the reader waking a downlink) is a push on the driver's
+//! ready queue, run in the same turn on the same thread, never a trip
+//! through the runtime's scheduler or a wake-up of another thread.
+//! Sessions are spread over the runtime's threads; one session runs on one
+//! thread at a time.
 //!
 //! * the **carrier reader** ([`reader`]) hands each read to the connection
 //!   under the session lock ([`runtime`]), which decodes the frames,
@@ -41,6 +47,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod driver;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod handle;

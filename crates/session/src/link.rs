@@ -77,12 +77,8 @@ impl Shared {
         slot.id = id;
         let stop = Arc::new(Notify::new());
         slot.probe = carrier.probe.map(Arc::from);
-        slot.reader = Some(tokio::spawn(carrier_reader(
-            self.clone(),
-            carrier.reader,
-            id,
-        )));
-        slot.writer = Some(tokio::spawn(carrier_writer(
+        slot.reader = Some(self.spawn(carrier_reader(self.clone(), carrier.reader, id)));
+        slot.writer = Some(self.spawn(carrier_writer(
             self.clone(),
             carrier.writer,
             carrier.urgent,

@@ -12,10 +12,10 @@ use std::time::Instant;
 use longhaul_proto::connection::{Connection, Received};
 use longhaul_proto::mux::{Event, IncomingOpen, Mux, Refused};
 use tokio::sync::{oneshot, watch, Notify};
-use tokio::task::AbortHandle;
 
 use crate::config::Role;
 use crate::config::{BoxFuture, OpenRefused, SessionConfig};
+use crate::driver::{AbortHandle, Driver, Task};
 use crate::local::LocalStream;
 use crate::stream_io::StreamIo;
 use crate::tasks::CarrierSlot;
@@ -142,6 +142,8 @@ pub(crate) struct Shared {
     pub peer: String,
     /// Times a stream had data to send and no credit from the peer.
     pub window_stalls: std::sync::atomic::AtomicU64,
+    /// Runs the session's tasks (carrier, lanes, pumps, timer).
+    driver: Driver,
 }
 
 fn refused(r: Refused) -> OpenRefused {
@@ -187,7 +189,13 @@ impl Shared {
             started: Instant::now(),
             window_stalls: Default::default(),
             peer,
+            driver: Driver::start(),
         }
+    }
+
+    /// Runs `fut` as one of the session's tasks, in its driver.
+    pub fn spawn(&self, fut: impl std::future::Future<Output = ()> + Send + 'static) -> Task {
+        self.driver.spawn(fut)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

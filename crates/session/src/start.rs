@@ -137,7 +137,7 @@ pub(crate) fn build(
         Ok(id) => shared.spawn_carrier(carrier, id, Vec::new()),
         Err(e) => unreachable!("a session's first carrier attaches: {e:?}"),
     }
-    let house = tokio::spawn(housekeeping(shared.clone()));
+    let house = shared.spawn(housekeeping(shared.clone()));
     // When the session closes, stop the tasks that might be parked.
     let mut closed = shared.closed_tx.subscribe();
     let finished = shared.finished_tx.clone();

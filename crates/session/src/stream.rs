@@ -12,7 +12,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
 
 use crate::inbound::{compact_parts, Part};
-use crate::local::{LocalRead, LocalStream, LocalWrite};
+use crate::local::{read_now, LocalRead, LocalStream, LocalWrite};
 use crate::pump::{
     aborted, credit_delivered, fail, send_room, take_inbound, Inbound, LocalClosed, UPLINK_READ,
 };
@@ -41,23 +41,23 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
         LocalStream::Tcp(sock) => {
             let _ = longhaul_carrier::tune_socket(&sock);
             let (r, w) = sock.into_split();
-            tokio::spawn(downlink(shared.clone(), id, io.clone(), w));
-            tokio::spawn(uplink(shared.clone(), id, io, r))
+            shared.spawn(downlink(shared.clone(), id, io.clone(), w));
+            shared.spawn(uplink(shared.clone(), id, io, r))
         }
         LocalStream::Unix(sock) => {
             let (r, w) = sock.into_split();
-            tokio::spawn(downlink(shared.clone(), id, io.clone(), w));
-            tokio::spawn(uplink(shared.clone(), id, io, r))
+            shared.spawn(downlink(shared.clone(), id, io.clone(), w));
+            shared.spawn(uplink(shared.clone(), id, io, r))
         }
         LocalStream::Service(pipe) => {
             let (r, w) = pipe.split();
-            tokio::spawn(crate::pipe_pumps::downlink(
+            shared.spawn(crate::pipe_pumps::downlink(
                 shared.clone(),
                 id,
                 io.clone(),
                 w,
             ));
-            tokio::spawn(crate::pipe_pumps::uplink(shared.clone(), id, io, r))
+            shared.spawn(crate::pipe_pumps::uplink(shared.clone(), id, io, r))
         }
     };
     shared.set_uplink(id, up.abort_handle(), local);
@@ -65,7 +65,12 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
 
 /// Local socket → DATA frames, as fast as the peer's credit and the
 /// stream's send queue allow.
-pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: impl LocalRead) {
+pub(crate) async fn uplink(
+    shared: Arc<Shared>,
+    id: u32,
+    io: Arc<StreamIo>,
+    mut rd: impl LocalRead,
+) {
     let mut buf = BytesMut::new();
     // Capacity of `buf`'s allocation when it was made.
     let mut alloc = 0;
@@ -94,7 +99,7 @@ pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, rd: 
             alloc = buf.capacity();
         }
         let offered = buf.capacity().min(n);
-        let k = match rd.try_read_buf(&mut (&mut buf).limit(n)) {
+        let k = match read_now(&mut rd, &mut (&mut buf).limit(n)).await {
             Ok(k) => k,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 // Drained: let go of the buffer until data comes again.

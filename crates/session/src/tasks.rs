@@ -9,7 +9,8 @@ use std::time::Duration;
 use longhaul_carrier::PathProbe;
 use longhaul_proto::link::CarrierId;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
+
+use crate::driver::Task;
 
 /// The tasks of the carrier (or lanes) a session runs on. Which carrier
 /// is current, and what losing one means, is the link layer's business
@@ -18,8 +19,8 @@ use tokio::task::JoinHandle;
 pub(crate) struct CarrierSlot {
     /// The single carrier's tasks (its id: the link layer's, 0 without).
     pub id: CarrierId,
-    pub reader: Option<JoinHandle<()>>,
-    pub writer: Option<JoinHandle<()>>,
+    pub reader: Option<Task>,
+    pub writer: Option<Task>,
     /// Tells the writer to stop (it saves what it had not started).
     pub stop: Option<Arc<Notify>>,
     pub probe: Option<Arc<dyn PathProbe>>,
@@ -44,8 +45,8 @@ pub(crate) struct LaneCounters {
 pub(crate) struct LaneTasks {
     pub id: CarrierId,
     pub number: u8,
-    pub reader: JoinHandle<()>,
-    pub writer: JoinHandle<()>,
+    pub reader: Task,
+    pub writer: Task,
     pub stop: Arc<Notify>,
     /// Wakes this lane's writer in particular (chunks to send again may
     /// avoid the lane a shared wake-up would reach).

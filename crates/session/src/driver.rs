@@ -1,0 +1,404 @@
+//! The session's driver: one tokio task per session polls every task of
+//! that session — the carrier's reader and writer (or each lane's), every
+//! stream's pumps, the session's timer — as futures of its own.
+//!
+//! Why: a byte crossing the relay goes from a stream's uplink to the
+//! carrier writer (or from the carrier reader to a stream's downlink). As
+//! separate tokio tasks, each of those hand-offs is a trip through the
+//! scheduler, and under a multi-threaded runtime often a wake-up of another
+//! thread (futex, context switch, a cold cache on the other core). Inside
+//! one driver, a wake-up between two of the session's futures is a push on
+//! the driver's ready queue, and the woken future runs in the same pass,
+//! on the same thread, with the bytes still warm. Sessions are still spread
+//! over the runtime's threads (a server with many sessions uses every
+//! core); one session uses one thread at a time.
+//!
+//! The driver holds no protocol state: which future runs when is decided
+//! by the wake-ups the futures give each other, as before.
+//!
+//! Bounds: the driver holds the futures of the session's tasks, which the
+//! session bounds already (two per stream, `max_streams`; two per carrier
+//! or lane; the timer). A panic in one of them is caught, logged, and ends
+//! that future only, as it would have ended a task of its own.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::task::{Wake, Waker};
+
+use futures_util::future::FutureExt;
+use futures_util::task::AtomicWaker;
+use tokio::sync::mpsc;
+
+type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Hands futures to the session's driver task.
+pub(crate) struct Driver {
+    tx: mpsc::UnboundedSender<(Job, Arc<JobState>)>,
+    queue: Arc<ReadyQueue>,
+}
+
+impl Driver {
+    /// Starts the driver task (on the current runtime). It ends once every
+    /// future it was given has ended and the `Driver` is dropped (the
+    /// session's state with it).
+    pub fn start() -> Driver {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queue = Arc::new(ReadyQueue {
+            slots: Mutex::new(VecDeque::new()),
+            polling: AtomicBool::new(false),
+            task: AtomicWaker::new(),
+        });
+        tokio::spawn(drive(rx, queue.clone()));
+        Driver { tx, queue }
+    }
+
+    /// Runs `fut` in the driver. The [`Task`] can stop it, tell whether it
+    /// ended, and be awaited; dropping it lets the future run on.
+    pub fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) -> Task {
+        let state = Arc::new(JobState {
+            slot: AtomicUsize::new(0),
+            // Not in the queue, but not to be queued either until the
+            // driver has it (it polls it first thing).
+            queued: AtomicBool::new(true),
+            aborted: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+            joiner: AtomicWaker::new(),
+            queue: self.queue.clone(),
+        });
+        // A combinator, not an async block: a block would keep `fut` both
+        // as its capture and as the wrapper's field (twice the memory of
+        // every idle stream's pumps).
+        let job: Job = Box::pin(AssertUnwindSafe(fut).catch_unwind().map(|r| {
+            if let Err(panic) = r {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                tracing::error!("a session task panicked: {what}");
+            }
+        }));
+        if let Err(mpsc::error::SendError((job, _))) = self.tx.send((job, state.clone())) {
+            // The driver is gone (its runtime is shutting down): the
+            // session's tasks are gone with it.
+            drop_quietly(job);
+            state.finish();
+        }
+        Task { state }
+    }
+}
+
+/// One future in the driver: its place, its wake-up, how it ended, and
+/// who waits for that.
+struct JobState {
+    slot: AtomicUsize,
+    /// In the ready queue already (each future at most once).
+    queued: AtomicBool,
+    /// Stop it: the driver drops it the next time it looks.
+    aborted: AtomicBool,
+    finished: AtomicBool,
+    /// The task awaiting its end, if any.
+    joiner: AtomicWaker,
+    queue: Arc<ReadyQueue>,
+}
+
+impl JobState {
+    fn finish(&self) {
+        self.finished.store(true, Ordering::Release);
+        self.joiner.wake();
+    }
+}
+
+impl Wake for JobState {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.queue.push(self.slot.load(Ordering::Acquire));
+        // After the push: a driver ending its turn clears `polling` and
+        // then looks at the queue once more, so one of the two sees it.
+        if !self.queue.polling.load(Ordering::SeqCst) {
+            self.queue.task.wake();
+        }
+    }
+}
+
+/// A future running in a session's driver, like a tokio `JoinHandle`.
+pub(crate) struct Task {
+    state: Arc<JobState>,
+}
+
+/// Stops a future running in a session's driver.
+#[derive(Clone)]
+pub(crate) struct AbortHandle(Arc<JobState>);
+
+impl AbortHandle {
+    /// Stops the future: it is dropped the next time the driver looks.
+    pub fn abort(&self) {
+        self.0.aborted.store(true, Ordering::Release);
+        self.0.wake_by_ref();
+    }
+}
+
+impl Task {
+    pub fn abort(&self) {
+        self.abort_handle().abort();
+    }
+
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle(self.state.clone())
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.state.finished.load(Ordering::Acquire)
+    }
+}
+
+/// Ready once the future has ended (however it ended).
+impl Future for Task {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.is_finished() {
+            return Poll::Ready(());
+        }
+        self.state.joiner.register(cx.waker());
+        match self.is_finished() {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        }
+    }
+}
+
+/// Most futures polled in one turn of the driver before it lets the
+/// runtime's other tasks run (tokio's own budget usually ends a turn first).
+const MAX_POLLS_PER_TURN: usize = 1024;
+
+/// The futures woken and waiting to be polled, by slot.
+struct ReadyQueue {
+    slots: Mutex<VecDeque<usize>>,
+    /// The driver is in its turn: a future woken now is polled in the same
+    /// turn, so the driver's own task is not woken (a woken tokio task in
+    /// its own poll is scheduled again as a yield, which on a
+    /// multi-threaded runtime wakes another thread to steal it: a futex
+    /// call and a context switch per hand-off).
+    polling: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl ReadyQueue {
+    fn push(&self, slot: usize) {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(slot);
+    }
+    fn pop(&self) -> Option<usize> {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+    }
+    fn push_front(&self, slot: usize) {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_front(slot);
+    }
+    fn is_empty(&self) -> bool {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+}
+
+struct Slot {
+    /// Taken only by `drop`.
+    job: Option<Job>,
+    state: Arc<JobState>,
+    waker: Waker,
+}
+
+/// However a future leaves the driver (ended, stopped, or the driver
+/// dropped), it is dropped first (its sockets closed), then whoever waits
+/// for it is told, as with a tokio `JoinHandle`.
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(job) = self.job.take() {
+            drop_quietly(job);
+        }
+        self.state.finish();
+    }
+}
+
+/// Drops a future; a panic in its drop ends only that future, not the
+/// driver and the rest of the session (as tokio does for a cancelled task).
+fn drop_quietly(job: Job) {
+    if std::panic::catch_unwind(AssertUnwindSafe(move || drop(job))).is_err() {
+        tracing::error!("a session task panicked while being dropped");
+    }
+}
+
+/// Futures handed over but never taken in (the driver dropped at runtime
+/// shutdown) still end, and say so.
+impl Drop for Drive {
+    fn drop(&mut self) {
+        self.rx.close();
+        while let Ok((job, state)) = self.rx.try_recv() {
+            drop_quietly(job);
+            state.finish();
+        }
+    }
+}
+
+/// The driver task: takes new futures and polls the woken ones, each turn
+/// running every future woken meanwhile, including those woken by the
+/// others in the same turn.
+struct Drive {
+    rx: mpsc::UnboundedReceiver<(Job, Arc<JobState>)>,
+    /// Futures by slot; freed slots are reused.
+    slots: Vec<Option<Slot>>,
+    free: Vec<usize>,
+    live: usize,
+    queue: Arc<ReadyQueue>,
+    /// Every `Driver` is gone: no more futures will come.
+    closed: bool,
+}
+
+async fn drive(rx: mpsc::UnboundedReceiver<(Job, Arc<JobState>)>, queue: Arc<ReadyQueue>) {
+    Drive {
+        rx,
+        slots: Vec::new(),
+        free: Vec::new(),
+        live: 0,
+        queue,
+        closed: false,
+    }
+    .await
+}
+
+impl Drive {
+    fn insert(&mut self, job: Job, state: Arc<JobState>) {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            self.slots.len() - 1
+        });
+        state.slot.store(slot, Ordering::Release);
+        let waker = Waker::from(state.clone());
+        self.slots[slot] = Some(Slot {
+            job: Some(job),
+            state,
+            waker,
+        });
+        self.live += 1;
+        self.queue.push(slot);
+    }
+
+    fn poll_slot(&mut self, slot: usize) {
+        let Some(s) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
+            // A slot freed since it was woken.
+            return;
+        };
+        s.state.queued.store(false, Ordering::Release);
+        let ended = s.state.aborted.load(Ordering::Acquire) || {
+            let mut cx = Context::from_waker(&s.waker);
+            s.job
+                .as_mut()
+                .is_none_or(|j| j.as_mut().poll(&mut cx).is_ready())
+        };
+        if ended {
+            self.slots[slot] = None;
+            self.free.push(slot);
+            self.live -= 1;
+        }
+    }
+}
+
+impl Future for Drive {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        this.queue.task.register(cx.waker());
+        this.queue.polling.store(true, Ordering::SeqCst);
+        let mut polls = 0;
+        loop {
+            while !this.closed {
+                match this.rx.poll_recv(cx) {
+                    Poll::Ready(Some((job, state))) => this.insert(job, state),
+                    Poll::Ready(None) => this.closed = true,
+                    Poll::Pending => break,
+                }
+            }
+            match this.queue.pop() {
+                Some(slot) => {
+                    if polls >= MAX_POLLS_PER_TURN || !tokio::task::coop::has_budget_remaining() {
+                        // Let the runtime's other tasks run; come back.
+                        this.queue.push_front(slot);
+                        this.queue.polling.store(false, Ordering::SeqCst);
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    polls += 1;
+                    this.poll_slot(slot);
+                }
+                None => {
+                    this.queue.polling.store(false, Ordering::SeqCst);
+                    if !this.queue.is_empty() {
+                        // Woken between the pop and the store.
+                        this.queue.polling.store(true, Ordering::SeqCst);
+                        continue;
+                    }
+                    if this.closed && this.live == 0 {
+                        return Poll::Ready(());
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::sync::oneshot;
+
+    #[tokio::test]
+    async fn tasks_run_stop_and_can_be_awaited() {
+        let driver = Driver::start();
+        let (tx, rx) = oneshot::channel();
+        let t = driver.spawn(async move {
+            let _ = tx.send(7);
+        });
+        assert_eq!(rx.await.unwrap(), 7);
+        t.await;
+
+        let forever = driver.spawn(std::future::pending());
+        assert!(!forever.is_finished());
+        forever.abort();
+        tokio::time::timeout(Duration::from_secs(2), forever)
+            .await
+            .expect("an aborted task ends");
+
+        let boom = driver.spawn(async { panic!("on purpose") });
+        tokio::time::timeout(Duration::from_secs(2), boom)
+            .await
+            .expect("a panicking task ends, and the driver goes on");
+        let (tx, rx) = oneshot::channel();
+        driver.spawn(async move {
+            let _ = tx.send(());
+        });
+        rx.await.expect("the driver still runs");
+    }
+}
