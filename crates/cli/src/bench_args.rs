@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use clap::{Args, Subcommand};
 
-use crate::args::{parse_addr, parse_delay, parse_loss, parse_rate, parse_size};
+use crate::values::{parse_addr, parse_delay, parse_loss, parse_rate, parse_size};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {

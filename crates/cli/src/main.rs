@@ -7,6 +7,7 @@ mod config;
 mod connect;
 mod cp;
 mod reload;
+mod values;
 
 use std::process::ExitCode;
 

@@ -409,7 +409,7 @@ fn test_link(peer_limit: usize) -> LinkLayer {
 mod tests {
     use super::*;
 
-    fn data(n: usize) -> OutFrame {
+    pub(super) fn data(n: usize) -> OutFrame {
         let mut h = [0u8; DATA_HEADER_LEN];
         crate::frame::write_data_header(&mut h, 1, n);
         OutFrame::data(h, Bytes::from(vec![1u8; n]))
@@ -514,14 +514,9 @@ mod owed {
 
 #[cfg(test)]
 mod order {
+    use super::tests::data;
     use super::*;
     use crate::frame::DecodeLimits;
-
-    fn data(n: usize) -> OutFrame {
-        let mut h = [0u8; DATA_HEADER_LEN];
-        crate::frame::write_data_header(&mut h, 1, n);
-        OutFrame::data(h, Bytes::from(vec![1u8; n]))
-    }
 
     fn frames_of(c: Chunk) -> Vec<Frame> {
         let mut b = BytesMut::new();
