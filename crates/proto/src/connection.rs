@@ -8,9 +8,10 @@
 //! and [`Connection::on_ack`] for a striped session's lanes), tells it what
 //! happened to a carrier ([`Connection::carrier_lost`],
 //! [`Connection::resume`]) and asks it what to write
-//! ([`Connection::poll_chunk`] for a lane; a single carrier's writer takes
-//! frames from [`Connection::mux_mut`] and records them in the link layer
-//! as they start going out). Everything else — events for the streams,
+//! ([`Connection::poll_chunk`] for a lane, [`Connection::poll_transmit`]
+//! for a single carrier, which then says what it wrote with
+//! [`Connection::on_written`]: frames are recorded for a replay as they
+//! start going out, in wire order). Everything else — events for the streams,
 //! deadlines — comes out of the multiplexer as before. Input from a
 //! carrier that is no longer current is refused in one place (the link
 //! layer), before any of it reaches the multiplexer; a frame handed on is
@@ -26,7 +27,7 @@ use bytes::{Bytes, BytesMut};
 use crate::frame::{self, DecodeLimits, Frame};
 use crate::link::{CarrierId, Chunk, Input, LinkError, LinkLayer, Lost};
 use crate::mux::Mux;
-use crate::outframe::OutFrame;
+use crate::outframe::{advance_batch, OutFrame};
 
 /// Retired read buffers that may stay alive through slices of them before
 /// payloads are copied instead: 16 × 512 KiB = 8 MiB per session.
@@ -169,6 +170,51 @@ impl Connection {
     /// carrier's buffers (else the runtime copies them).
     pub fn may_slice(&self) -> bool {
         self.may_slice
+    }
+
+    /// Single carrier: frames for `carrier` into `batch` — at most `limit`
+    /// bytes of new frames and `max_frames` frames, within the replay
+    /// buffer's room (a full one waits for the peer's ACK like a full
+    /// socket; control frames still go) — with the ACK owed to the peer in
+    /// front (or alone, when the peer's replay buffer needs it). Nothing
+    /// for a carrier that is no longer current. Returns the bytes taken
+    /// from the multiplexer.
+    pub fn poll_transmit(
+        &mut self,
+        carrier: CarrierId,
+        batch: &mut VecDeque<OutFrame>,
+        limit: usize,
+        max_frames: usize,
+    ) -> usize {
+        let Some(link) = &mut self.link else {
+            return self.mux.poll_transmit(batch, limit, max_frames);
+        };
+        if !link.is_current(carrier) {
+            return 0;
+        }
+        let taken = self
+            .mux
+            .poll_transmit(batch, limit.min(link.room()), max_frames);
+        // Not inside a frame cut short: its rest goes first.
+        if !batch.front().is_some_and(|f| f.started) {
+            if let Some(ack) = link.ack_to_send(!batch.is_empty()) {
+                batch.retain(|f| !f.is_link());
+                batch.push_front(OutFrame::encoded(
+                    ack.to_bytes().expect("an ACK frame encodes"),
+                ));
+            }
+        }
+        taken
+    }
+
+    /// Single carrier: `n` bytes at the front of `batch` were written. Each
+    /// frame is recorded for a replay as its first byte goes out, so that
+    /// sequence numbers follow the order on the wire.
+    pub fn on_written(&mut self, batch: &mut VecDeque<OutFrame>, n: usize) {
+        match &mut self.link {
+            Some(l) => advance_batch(batch, n, |f| l.record(f)),
+            None => advance_batch(batch, n, |_| {}),
+        }
     }
 
     fn goodbye(&mut self) -> Received {
@@ -402,5 +448,84 @@ impl Connection {
         let r = l.resume(number, peer_received, now)?;
         self.mux.set_attached(true, now);
         Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mux::MuxConfig;
+    use crate::resume::{Secret, SessionId};
+    use crate::window::WindowConfig;
+    use std::time::Duration;
+
+    fn resumable() -> (Connection, CarrierId) {
+        let mux = Mux::new(MuxConfig {
+            window: WindowConfig {
+                initial: 4096,
+                max: 65536,
+            },
+            budget: 1 << 20,
+            max_streams: 4,
+            send_queue: 8192,
+            send_total: 65536,
+            control_limit: 1 << 20,
+            keepalive: Duration::from_secs(30),
+            dead_after: Duration::from_secs(3600),
+            open_timeout: Duration::from_secs(5),
+            idle_timeout: None,
+            rtt_floor: Duration::from_millis(1),
+            jmux: false,
+            extensions: true,
+            our_max_packet: 4096,
+            send_max_payload: 4096,
+            resumable: true,
+        });
+        let mut link = LinkLayer::new(
+            1 << 20,
+            1 << 20,
+            1,
+            SessionId([0; 16]),
+            Secret([0; 32]),
+            String::new(),
+        );
+        let id = link.attach(0).unwrap();
+        let limits = DecodeLimits {
+            max_frame: 65535,
+            extensions: true,
+        };
+        (Connection::new(mux, Some(link), limits), id)
+    }
+
+    /// The single carrier's writer gets the owed ACK first and then what
+    /// the multiplexer has; what it writes is recorded in wire order
+    /// (ACKs are not: they are never replayed); a carrier no longer
+    /// current gets nothing.
+    #[test]
+    fn a_single_carrier_transmits_the_ack_first_and_records_what_it_writes() {
+        let (mut c, id) = resumable();
+        let mut input = BytesMut::from(&Frame::Ping { nonce: 9 }.to_bytes().unwrap()[..]);
+        assert!(matches!(
+            c.on_bytes(id, &mut input, true, 0),
+            Received::Taken { .. }
+        ));
+        let mut batch = VecDeque::new();
+        c.poll_transmit(id, &mut batch, 1 << 20, 32);
+        assert!(batch.len() >= 2, "an ACK and the PONG");
+        assert!(batch[0].is_link(), "the ACK leads");
+        assert!(batch.iter().skip(1).all(|f| !f.is_link()));
+        let replayable: usize = batch.iter().skip(1).map(OutFrame::remaining).sum();
+        let total: usize = batch.iter().map(OutFrame::remaining).sum();
+        // Written in two parts: a frame is recorded once, when it starts.
+        c.on_written(&mut batch, total - 1);
+        c.on_written(&mut batch, 1);
+        assert!(batch.is_empty());
+        assert_eq!(c.link().unwrap().replay().sent(), replayable as u64);
+
+        let _ = c.carrier_lost(id, 1, "test");
+        let mut ping = BytesMut::from(&Frame::Ping { nonce: 10 }.to_bytes().unwrap()[..]);
+        let _ = c.on_bytes(id, &mut ping, true, 2);
+        assert_eq!(c.poll_transmit(id, &mut batch, 1 << 20, 32), 0);
+        assert!(batch.is_empty(), "nothing for a carrier no longer current");
     }
 }

@@ -10,6 +10,28 @@ use crate::frame::{
     write_data_header, DATA_HEADER_LEN, T_ACK, T_CLOSE, T_DATA, T_GOODBYE, T_OPEN_SUCCESS,
 };
 use bytes::{Buf, Bytes};
+use std::collections::VecDeque;
+
+/// Marks `n` bytes at the front of `batch` as written; `starting` sees
+/// each frame as its first byte goes out (in wire order).
+pub fn advance_batch(
+    batch: &mut VecDeque<OutFrame>,
+    mut n: usize,
+    mut starting: impl FnMut(&OutFrame),
+) {
+    while n > 0 {
+        let Some(front) = batch.front_mut() else {
+            break;
+        };
+        if !front.started {
+            starting(front);
+        }
+        n = front.advance(n);
+        if front.remaining() == 0 {
+            batch.pop_front();
+        }
+    }
+}
 
 /// The peer's stream id of an encoded frame addressed to a stream
 /// (OPEN_SUCCESS … CLOSE all carry it first): frames whose order relative to

@@ -21,6 +21,7 @@ use crate::stream_io::StreamIo;
 use crate::tasks::CarrierSlot;
 use longhaul_proto::frame::Reason;
 use longhaul_proto::link::LinkLayer;
+use longhaul_proto::outframe::OutFrame;
 
 /// What a session does when the peer opens a stream or asks for a reverse
 /// listener. The server answers with its allow rules; the client allows only
@@ -384,6 +385,12 @@ impl Shared {
         let r = f(&mut st.conn, self.now_ns());
         self.dispatch_quiet(&mut st);
         r
+    }
+
+    /// `n` bytes at the front of `batch` were written to the single
+    /// carrier (the connection records frames for a replay as they start).
+    pub fn written(&self, batch: &mut std::collections::VecDeque<OutFrame>, n: usize) {
+        self.lock().conn.on_written(batch, n);
     }
 
     /// The link layer, under the session lock (resumable sessions).

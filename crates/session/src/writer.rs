@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use longhaul_carrier::{BoxWrite, UrgentFlag, UrgentSend};
 use longhaul_proto::frame::Frame;
-use longhaul_proto::link::{CarrierId, LinkLayer};
-use longhaul_proto::outframe::OutFrame;
+use longhaul_proto::link::CarrierId;
+use longhaul_proto::outframe::{advance_batch, OutFrame};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
 
@@ -47,7 +47,7 @@ pub(crate) async fn carrier_writer(
     let end = tokio::select! {
         biased;
         _ = stop.notified() => None,
-        end = write_loop(&shared, &mut w, &urgent, &mut batch, resend) => Some(end),
+        end = write_loop(&shared, &mut w, &urgent, &mut batch, id, resend) => Some(end),
     };
     match end {
         Some(End::Closed) => {
@@ -93,7 +93,7 @@ async fn write_frames(w: &mut BoxWrite, frames: Vec<OutFrame>) -> io::Result<()>
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
-        advance(&mut frames, n, None);
+        advance_batch(&mut frames, n, |_| {});
     }
     Ok(())
 }
@@ -103,6 +103,7 @@ async fn write_loop(
     w: &mut BoxWrite,
     urgent: &Urgency,
     batch: &mut VecDeque<OutFrame>,
+    id: CarrierId,
     resend: Vec<OutFrame>,
 ) -> End {
     let failed = |e: io::Error| End::Failed(format!("carrier write failed: {e}"));
@@ -116,29 +117,25 @@ async fn write_loop(
     let mut drained = true;
     let mut dirty = false;
     loop {
-        let mut limit = if backed_up {
+        let limit = if backed_up {
             BACKLOG_BATCH_BYTES
         } else {
             WRITE_BATCH_BYTES
         };
-        if let Some(l) = shared.link() {
-            // The replay buffer full: wait for the peer's ACK as for a
-            // full socket (control frames still go).
-            limit = limit.min(l.room());
-        }
-        // Streams waiting for queue room are told (`with` dispatches).
-        let (dead, goodbye) = shared.with(|m, _| {
-            if m.dead().is_some() {
+        // Streams waiting for queue room are told (`with_conn` dispatches).
+        let (dead, goodbye) = shared.with_conn(|c, _| {
+            if c.mux().dead().is_some() {
                 return (true, None);
             }
-            if let (Some(f), true) = (&urgent.flag, m.has_new_data()) {
+            if let (Some(f), true) = (&urgent.flag, c.mux().has_new_data()) {
                 // This batch leads with a stream that just became active
                 // (an interactive request, most likely): it may use the
                 // room the carrier keeps free. Lowered after the batch.
                 f.store(true, Ordering::Relaxed);
             }
             // Two iovecs per DATA frame (header, payload).
-            m.poll_transmit(batch, limit, MAX_IOV / 2);
+            c.poll_transmit(id, batch, limit, MAX_IOV / 2);
+            let m = c.mux();
             drained = !m.has_output();
             let idle = drained && batch.is_empty() && !dirty;
             (false, m.goodbye_done().filter(|_| idle).map(str::to_owned))
@@ -150,16 +147,6 @@ async fn write_loop(
             // Shutting down, and every CLOSE has been written.
             shared.close(why);
             return End::Closed;
-        }
-        if let Some(mut l) = shared.link() {
-            // An ACK rides in front of whatever goes out, or goes alone when
-            // the peer's replay buffer needs it.
-            if !batch.front().is_some_and(|f| f.started) {
-                if let Some(ack) = l.ack_to_send(!batch.is_empty()) {
-                    batch.retain(|f| !f.is_link());
-                    batch.push_front(OutFrame::encoded(ack.to_bytes().expect("a fixed frame")));
-                }
-            }
         }
         if batch.is_empty() {
             if dirty {
@@ -219,13 +206,6 @@ enum Step {
 /// direct send is retried. Armed only then: ordinary data never waits on it.
 const URGENT_RETRY: std::time::Duration = std::time::Duration::from_millis(1);
 
-fn record_advance(shared: &Shared, batch: &mut VecDeque<OutFrame>, n: usize) {
-    match shared.link() {
-        Some(mut l) => advance(batch, n, Some(&mut l)),
-        None => advance(batch, n, None),
-    }
-}
-
 fn iovecs(batch: &VecDeque<OutFrame>, upto: usize) -> Vec<IoSlice<'_>> {
     let mut slices = Vec::with_capacity(MAX_IOV);
     for f in batch.iter().take(upto) {
@@ -241,24 +221,6 @@ fn iovecs(batch: &VecDeque<OutFrame>, upto: usize) -> Vec<IoSlice<'_>> {
         }
     }
     slices
-}
-
-/// Marks `n` bytes of the batch as written. With a link layer (`replay`),
-/// each frame is recorded for a possible replay as it starts going out, so
-/// sequence numbers follow the order on the wire.
-fn advance(batch: &mut VecDeque<OutFrame>, mut n: usize, mut replay: Option<&mut LinkLayer>) {
-    while n > 0 {
-        let Some(front) = batch.front_mut() else {
-            break;
-        };
-        if let (Some(r), false) = (replay.as_deref_mut(), front.started) {
-            r.record(front);
-        }
-        n = front.advance(n);
-        if front.remaining() == 0 {
-            batch.pop_front();
-        }
-    }
 }
 
 /// Moves urgent frames (the control lane, and streams that just became
@@ -330,7 +292,7 @@ async fn write_batch(
         match step {
             Step::Wrote(0) => return Err(io::ErrorKind::WriteZero.into()),
             Step::Wrote(n) => {
-                record_advance(shared, batch, n);
+                shared.written(batch, n);
                 stuck = 0;
             }
             Step::Woken | Step::Retry => {
@@ -344,7 +306,7 @@ async fn write_batch(
                     let before = batch.len();
                     let sent = u.try_send(&iovecs(batch, lead));
                     match sent {
-                        Ok(n) => record_advance(shared, batch, n),
+                        Ok(n) => shared.written(batch, n),
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         Err(e) => return Err(e),
                     }
