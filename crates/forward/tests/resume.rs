@@ -349,3 +349,51 @@ async fn after_an_idle_close_the_client_comes_back_on_demand() {
     assert!(!s.is_closed());
     assert_ne!(s.resume_id(), first);
 }
+
+/// The server gives a detached session up at `--resume-timeout` (the
+/// connection's own deadline, run by the session's timer): the path stays
+/// down longer than that, the server closes the session with that reason
+/// within a second of the deadline, and the client, once the path is
+/// back, starts a fresh session that carries bytes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_gives_a_detached_session_up_at_its_resume_timeout() {
+    logs();
+    let echo = echo_server().await;
+    let server = plain_server(
+        SessionConfig {
+            resume_timeout: Duration::from_secs(1),
+            ..quick_session()
+        },
+        Rules::new(vec![echo.to_string().parse().unwrap()], false),
+        BindRules::default(),
+    )
+    .await;
+    let relay = Relay::start(server).await;
+    let mut cfg = client_config(relay.addr);
+    cfg.local = vec![fwd("127.0.0.1", echo.port())];
+    cfg.session = quick_session();
+    let client = Client::start(cfg).await.unwrap();
+    echo_streams(client.local_addrs[0], vec![1, 100_000]).await;
+    let before = client.session().resume_id();
+    assert!(!log_contains("not resumed within"));
+    let down = Instant::now();
+    let outage = relay.outage(Duration::from_secs(4));
+    let expired = async {
+        wait_log("not resumed within 1s (--resume-timeout)").await;
+        down.elapsed()
+    };
+    let ((), took) = tokio::join!(outage, within(10, expired));
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_millis(2500),
+        "the server gave the session up after {took:?}"
+    );
+    // Back: the resume is refused (the server let the session go); the
+    // client's forward carries on over a new session.
+    within(30, async {
+        while client.session().resume_id() == before || client.session().is_closed() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    within(30, echo_streams(client.local_addrs[0], vec![1, 100_000])).await;
+}

@@ -21,6 +21,7 @@
 //! peer's GOODBYE ends it on purpose ([`Connection::peer_goodbye`]).
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
@@ -119,6 +120,8 @@ pub struct Connection {
     /// DATA from the last input may be queued as slices of its buffer.
     may_slice: bool,
     peer_goodbye: bool,
+    /// Server: how long a detached session waits for a resume.
+    resume_timeout: Option<Duration>,
 }
 
 impl Connection {
@@ -131,7 +134,43 @@ impl Connection {
             lane_pins: Pins::default(),
             may_slice: true,
             peer_goodbye: false,
+            resume_timeout: None,
         }
+    }
+
+    /// Server: a detached session is closed once it has waited `timeout`
+    /// for a resume (`--resume-timeout`). Without one (the client) it
+    /// waits until the runtime gives up.
+    pub fn set_resume_timeout(&mut self, timeout: Option<Duration>) {
+        self.resume_timeout = timeout;
+    }
+
+    /// When [`Connection::handle_timeout`] should run next: the
+    /// multiplexer's deadlines (keepalive, dead peer, idle, unanswered
+    /// OPENs and BINDs) and, while detached, the resume's.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let resume = match (&self.link, self.resume_timeout) {
+            (Some(l), Some(t)) => l.poll_timeout(t),
+            _ => None,
+        };
+        match (self.mux.poll_timeout(), resume) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs what is due at `now`; a detached session whose resume did not
+    /// come in time is closed.
+    pub fn handle_timeout(&mut self, now: u64) {
+        if let (Some(l), Some(t)) = (&self.link, self.resume_timeout) {
+            if l.resume_expired(now, t) {
+                self.mux.close(format!(
+                    "carrier lost and not resumed within {t:?} (--resume-timeout)"
+                ));
+                return;
+            }
+        }
+        self.mux.handle_timeout(now);
     }
 
     /// What the peer's frames may be, as the hello on the current carrier
@@ -457,7 +496,6 @@ mod tests {
     use crate::mux::MuxConfig;
     use crate::resume::{Secret, SessionId};
     use crate::window::WindowConfig;
-    use std::time::Duration;
 
     fn resumable() -> (Connection, CarrierId) {
         let mux = Mux::new(MuxConfig {
@@ -527,5 +565,42 @@ mod tests {
         let _ = c.on_bytes(id, &mut ping, true, 2);
         assert_eq!(c.poll_transmit(id, &mut batch, 1 << 20, 32), 0);
         assert!(batch.is_empty(), "nothing for a carrier no longer current");
+    }
+
+    /// The server's resume expiry is a deadline of the connection: none
+    /// while attached, `--resume-timeout` after the carrier was lost, the
+    /// session closed with that reason when it passes, and kept when a
+    /// resume came first.
+    #[test]
+    fn a_detached_session_expires_at_its_resume_timeout() {
+        const S: u64 = 1_000_000_000;
+        let (mut c, id) = resumable();
+        c.set_resume_timeout(Some(Duration::from_secs(30)));
+        let before = c.poll_timeout();
+        assert!(before.is_none_or(|t| t != 10 * S + 30 * S));
+        assert_eq!(
+            c.carrier_lost(id, 10 * S, "test"),
+            Loss::Link(Lost::Detached)
+        );
+        assert_eq!(
+            c.poll_timeout(),
+            Some(40 * S),
+            "the resume's deadline comes first"
+        );
+        c.handle_timeout(40 * S - 1);
+        assert!(c.mux().dead().is_none());
+        c.handle_timeout(40 * S);
+        let why = c.mux().dead().expect("closed at its deadline");
+        assert!(why.contains("--resume-timeout"), "{why}");
+
+        // Resumed in time: no deadline of the resume's any more.
+        let (mut c, id) = resumable();
+        c.set_resume_timeout(Some(Duration::from_secs(30)));
+        let _ = c.carrier_lost(id, 10 * S, "test");
+        c.resume(0, 0, 20 * S)
+            .expect("a resume of a detached session");
+        c.handle_timeout(45 * S);
+        assert!(c.mux().dead().is_none());
+        assert_ne!(c.poll_timeout(), Some(40 * S));
     }
 }

@@ -1,6 +1,6 @@
 //! The session's timer, off the data path: runs the core's deadlines
 //! (keepalive PINGs, dead-peer and idle detection, expiry of unanswered
-//! OPENs and BINDs) and samples the path under the carrier; in a striped
+//! OPENs and BINDs, the server's wait for a resume) and samples the path under the carrier; in a striped
 //! session also the lanes' stall check and the ACK owed to the peer.
 
 use std::sync::Arc;
@@ -60,9 +60,10 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
                 );
             }
         }
-        let (dead, next) = shared.with(|m, _| {
-            m.handle_timeout(now);
-            (m.dead().is_some(), m.poll_timeout())
+        // The connection's deadlines, the server's resume expiry among them.
+        let (dead, next) = shared.with_conn(|c, _| {
+            c.handle_timeout(now);
+            (c.mux().dead().is_some(), c.poll_timeout())
         });
         if dead {
             return;

@@ -22,7 +22,6 @@ use longhaul_proto::link::{CarrierId, Lost, DEFAULT_REPLAY_LIMIT};
 use longhaul_proto::outframe::OutFrame;
 use tokio::sync::Notify;
 
-use crate::config::Role;
 use crate::reader::carrier_reader;
 use crate::runtime::Shared;
 use crate::tasks::{CarrierSlot, STOP_GRACE};
@@ -144,28 +143,8 @@ impl Shared {
                     sent,
                     "carrier lost ({why}); the session is kept for a resume"
                 );
-                if self.role == Role::Server {
-                    self.expire_unless_resumed();
-                }
             }
         }
-    }
-
-    /// Server: closes the session if it is still detached once
-    /// `--resume-timeout` has passed (the link layer knows since when).
-    fn expire_unless_resumed(self: &Arc<Self>) {
-        let shared = self.clone();
-        let grace = self.config.resume_timeout;
-        tokio::spawn(async move {
-            tokio::time::sleep(grace).await;
-            let now = shared.now_ns();
-            let expired = shared.link().is_some_and(|l| l.resume_expired(now, grace));
-            if expired {
-                shared.close(format!(
-                    "carrier lost and not resumed within {grace:?} (--resume-timeout)"
-                ));
-            }
-        });
     }
 
     /// Every carrier (or lane) now attached is lost.

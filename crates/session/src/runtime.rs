@@ -13,7 +13,6 @@ use longhaul_proto::connection::{Connection, Received};
 use longhaul_proto::mux::{Event, IncomingOpen, Mux, Refused};
 use tokio::sync::{oneshot, watch, Notify};
 
-use crate::config::Role;
 use crate::config::{BoxFuture, OpenRefused, SessionConfig};
 use crate::driver::{AbortHandle, Driver, Task};
 use crate::local::LocalStream;
@@ -122,7 +121,6 @@ pub(crate) struct Shared {
     pub resumable: bool,
     /// The current carrier's tasks.
     pub carrier: Mutex<CarrierSlot>,
-    pub role: Role,
     /// `true` while the session has no carrier (waiting for a resume).
     pub detached_tx: watch::Sender<bool>,
     /// Several lanes (a striped session).
@@ -160,14 +158,12 @@ impl Shared {
         config: SessionConfig,
         acceptor: Arc<dyn Acceptor>,
         peer: String,
-        role: Role,
     ) -> Shared {
         Shared {
             striped: conn.is_striped(),
             resumable: conn.link().is_some(),
             lanes_tx: watch::channel(0).0,
             carrier: Mutex::new(CarrierSlot::default()),
-            role,
             detached_tx: watch::channel(false).0,
             attach_lock: tokio::sync::Mutex::new(()),
             peer_goodbye: std::sync::atomic::AtomicBool::new(false),

@@ -130,8 +130,13 @@ pub(crate) fn build(
     let peer = carrier.peer.clone();
     let mut link = link;
     let first = link.as_mut().map_or(Ok(0), |l| l.attach(0));
-    let conn = Connection::new(mux, link, limits);
-    let shared = Arc::new(Shared::new(conn, config, acceptor, peer, role));
+    let mut conn = Connection::new(mux, link, limits);
+    if role == Role::Server {
+        // The client keeps trying until its own limit; the server gives a
+        // detached session up after this (its housekeeping runs the timer).
+        conn.set_resume_timeout(Some(config.resume_timeout));
+    }
+    let shared = Arc::new(Shared::new(conn, config, acceptor, peer));
     match first {
         Ok(id) if shared.striped => shared.spawn_lane(carrier, limits, id, 0),
         Ok(id) => shared.spawn_carrier(carrier, id, Vec::new()),
