@@ -159,6 +159,13 @@ impl Connection {
         }
     }
 
+    /// The session is over at `now`: closed, or detached past its resume
+    /// timeout (even if the timer has not run yet). A resume is refused.
+    pub fn is_over(&self, now: u64) -> bool {
+        self.mux.dead().is_some()
+            || matches!((&self.link, self.resume_timeout), (Some(l), Some(t)) if l.resume_expired(now, t))
+    }
+
     /// Runs what is due at `now`; a detached session whose resume did not
     /// come in time is closed.
     pub fn handle_timeout(&mut self, now: u64) {
@@ -474,13 +481,16 @@ impl Connection {
 
     /// Attaches a carrier to the detached session after the resume
     /// exchange (see [`LinkLayer::resume`]); the multiplexer's timers run
-    /// again.
+    /// again. Refused once the session is over ([`Connection::is_over`]).
     pub fn resume(
         &mut self,
         number: u8,
         peer_received: u64,
         now: u64,
     ) -> Result<(CarrierId, Vec<OutFrame>), LinkError> {
+        if self.is_over(now) {
+            return Err(LinkError::Ended);
+        }
         let Some(l) = self.link.as_mut() else {
             return Err(LinkError::NoLinkLayer);
         };
@@ -560,11 +570,15 @@ mod tests {
         assert!(batch.is_empty());
         assert_eq!(c.link().unwrap().replay().sent(), replayable as u64);
 
-        let _ = c.carrier_lost(id, 1, "test");
+        // Output waiting (a PONG, an ACK owed) when the carrier is lost:
+        // its writer gets none of it; it waits for the next carrier.
         let mut ping = BytesMut::from(&Frame::Ping { nonce: 10 }.to_bytes().unwrap()[..]);
         let _ = c.on_bytes(id, &mut ping, true, 2);
+        assert!(c.mux().has_output());
+        let _ = c.carrier_lost(id, 3, "test");
         assert_eq!(c.poll_transmit(id, &mut batch, 1 << 20, 32), 0);
         assert!(batch.is_empty(), "nothing for a carrier no longer current");
+        assert!(c.mux().has_output());
     }
 
     /// The server's resume expiry is a deadline of the connection: none
@@ -576,8 +590,6 @@ mod tests {
         const S: u64 = 1_000_000_000;
         let (mut c, id) = resumable();
         c.set_resume_timeout(Some(Duration::from_secs(30)));
-        let before = c.poll_timeout();
-        assert!(before.is_none_or(|t| t != 10 * S + 30 * S));
         assert_eq!(
             c.carrier_lost(id, 10 * S, "test"),
             Loss::Link(Lost::Detached)
@@ -597,10 +609,24 @@ mod tests {
         let (mut c, id) = resumable();
         c.set_resume_timeout(Some(Duration::from_secs(30)));
         let _ = c.carrier_lost(id, 10 * S, "test");
-        c.resume(0, 0, 20 * S)
+        let (id, _) = c
+            .resume(0, 0, 20 * S)
             .expect("a resume of a detached session");
         c.handle_timeout(45 * S);
         assert!(c.mux().dead().is_none());
         assert_ne!(c.poll_timeout(), Some(40 * S));
+        // Lost again: the deadline runs from the latest loss.
+        let _ = c.carrier_lost(id, 50 * S, "test");
+        assert_eq!(c.poll_timeout(), Some(80 * S));
+        // A resume that comes after the deadline is refused, even before
+        // the timer has run.
+        assert!(c.is_over(80 * S));
+        assert!(matches!(c.resume(0, 0, 81 * S), Err(LinkError::Ended)));
+
+        // Without a timeout (the client), a detached session waits.
+        let (mut c, id) = resumable();
+        let _ = c.carrier_lost(id, 10 * S, "test");
+        c.handle_timeout(10_000 * S);
+        assert!(c.mux().dead().is_none() && !c.is_over(10_000 * S));
     }
 }

@@ -17,6 +17,7 @@ const STRIPE_TICK: Duration = Duration::from_millis(50);
 const LANE_LOG_EVERY: Duration = Duration::from_secs(10);
 
 pub(crate) async fn housekeeping(shared: Arc<Shared>) {
+    let _closes = CloseIfStopped(shared.clone());
     let mut next_probe = 0u64;
     let mut next_tick = 0u64;
     let mut next_log = LANE_LOG_EVERY.as_nanos() as u64;
@@ -76,9 +77,26 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
         if shared.striped {
             wake = wake.min(next_tick);
         }
+        // A deadline that appears while this sleeps (a detach starts the
+        // server's resume timeout) is seen at the next probe, within
+        // PROBE_EVERY; a resume after the deadline is refused anyway
+        // (`Connection::is_over`), so only the close can come that late.
         let wait = Duration::from_nanos(wake.saturating_sub(shared.now_ns()));
         // Timers never fire early; a millisecond more keeps a deadline that
         // falls just after `now` from spinning.
         tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
+    }
+}
+
+/// The timer ends only with its session; should it end otherwise (a
+/// panic), nothing would expire the session or detect a dead peer: close
+/// it rather than keep it for ever.
+struct CloseIfStopped(Arc<Shared>);
+
+impl Drop for CloseIfStopped {
+    fn drop(&mut self) {
+        if !self.0.is_dead() {
+            self.0.close("the session's timer stopped".into());
+        }
     }
 }

@@ -414,6 +414,11 @@ pub(crate) async fn serve_attach(
                 }
                 None => return refuse(carrier, Refusal::Unknown, format!("no session {id}")).await,
             };
+            // Over meanwhile (closed, or past --resume-timeout while the
+            // old carrier stopped): a fresh session, not a resumed one.
+            if shared.with_conn_quiet(|c, now| c.is_over(now)) {
+                return refuse(carrier, Refusal::Unknown, format!("session {id} ended")).await;
+            }
             let answer = Attached::Resumed {
                 received: ours,
                 replay_limit: shared.link().map_or(0, |l| l.replay().limit()) as u32,

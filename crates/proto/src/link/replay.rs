@@ -34,6 +34,8 @@ pub enum LinkError {
     NotAFrameBoundary(u64),
     #[error("the session has no link layer (resume was not agreed)")]
     NoLinkLayer,
+    #[error("the session is over (closed, or not resumed in time)")]
+    Ended,
 }
 
 /// The sending half: frames written, kept until acknowledged.
