@@ -7,8 +7,8 @@
 //! current time, and takes out frames to write ([`Mux::poll_transmit`]),
 //! [`Event`]s to act on, and the next deadline ([`Mux::poll_timeout`]). The
 //! tokio runtime (`longhaul-session`) only moves bytes and wakes tasks; the
-//! simulation test (`tests/mux_sim.rs`) joins two of these through an
-//! in-memory pipe instead.
+//! simulation test (`tests/connection_sim.rs`) joins two of these, each in
+//! a `Connection`, through an in-memory pipe instead.
 //!
 //! Time is the caller's clock in nanoseconds since the session started.
 

@@ -6,20 +6,27 @@
 //! stream must end on both sides, and the budgets must be back to zero.
 //! Each seed replays exactly.
 //!
-//! With the link layer on, the pipe also drops at random points: both
-//! directions lose what is on the wire and each reader's unfinished frame,
-//! then the two sides exchange their received offsets and replay from
-//! there, as the session runtime does on a new carrier. Every byte must
-//! still arrive exactly once.
+//! Each side is a whole `Connection` (the multiplexer over the link layer),
+//! driven as the session runtime drives a single carrier: frames from
+//! `poll_transmit`, written in random partial writes and reported with
+//! `on_written`, bytes read handed to `on_bytes` by carrier id. With the
+//! link layer on, the pipe also drops at random points: both directions
+//! lose what is on the wire and each reader's unfinished frame, both sides
+//! lose the carrier (`carrier_lost`), keep what their writer had not
+//! started, and resume on a new one from the other's received offset
+//! (`resume`), writing the replay first. Every byte must still arrive
+//! exactly once.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use longhaul_proto::frame::{self, DecodeLimits, Frame};
-use longhaul_proto::link::{Receipt, Replay};
+use longhaul_proto::connection::{Connection, Loss, Received};
+use longhaul_proto::frame::DecodeLimits;
+use longhaul_proto::link::{CarrierId, LinkLayer, Lost, MIN_REPLAY_LIMIT};
 use longhaul_proto::mux::{Event, Mux, MuxConfig};
-use longhaul_proto::outframe::OutFrame;
+use longhaul_proto::outframe::{advance_batch, OutFrame};
+use longhaul_proto::resume::{Secret, SessionId};
 use longhaul_proto::window::WindowConfig;
 
 /// xorshift64*: small, fast, and the same on every machine.
@@ -86,20 +93,15 @@ struct AppStream {
     finished: bool,
 }
 
-/// One side's link layer.
-struct Link {
-    replay: Replay,
-    rx: Receipt,
-    /// Frames to send again after a drop (recorded already), before
-    /// `outgoing`.
-    resend: VecDeque<OutFrame>,
-}
-
 struct Side {
     name: &'static str,
-    mux: Mux,
-    link: Option<Link>,
-    /// Frames taken from the core, partly written.
+    conn: Connection,
+    /// The carrier now attached (0 without a link layer).
+    carrier: CarrierId,
+    /// After a resume: the replay, written before anything else (already
+    /// recorded).
+    resend: VecDeque<OutFrame>,
+    /// Frames taken from the connection, partly written.
     outgoing: VecDeque<OutFrame>,
     /// Bytes received, not yet decoded.
     inbox: BytesMut,
@@ -125,18 +127,28 @@ struct Sim {
 
 impl Side {
     fn new(name: &'static str, jmux: bool, link: bool) -> Side {
-        // A small replay bound, so that waiting for ACKs is exercised.
-        let limit = 96 * 1024;
         let mut cfg = config(jmux);
         cfg.resumable = link;
+        // The smallest replay bound, so that waiting for ACKs is exercised.
+        let mut link = link.then(|| {
+            let owner = String::new();
+            LinkLayer::new(
+                MIN_REPLAY_LIMIT,
+                MIN_REPLAY_LIMIT,
+                1,
+                SessionId([1; 16]),
+                Secret([2; 32]),
+                owner,
+            )
+        });
+        let carrier = link
+            .as_mut()
+            .map_or(0, |l| l.attach(0).expect("the first carrier"));
         Side {
             name,
-            mux: Mux::new(cfg),
-            link: link.then(|| Link {
-                replay: Replay::new(limit),
-                rx: Receipt::new(limit),
-                resend: VecDeque::new(),
-            }),
+            conn: Connection::new(Mux::new(cfg), link, DecodeLimits::default()),
+            carrier,
+            resend: VecDeque::new(),
             outgoing: VecDeque::new(),
             inbox: BytesMut::new(),
             streams: HashMap::new(),
@@ -144,68 +156,23 @@ impl Side {
     }
 }
 
-/// Writes a random part of what the side has to send onto the wire.
+/// Writes a random part of what the side has to send onto the wire: the
+/// replay first, then what the connection gives its carrier.
 fn transmit(rng: &mut Rng, now: u64, side: &mut Side, wire: &mut Wire) {
     if side.outgoing.is_empty() || rng.chance(50) {
-        let mut max_bytes = 1 + rng.below(200_000) as usize;
-        if let Some(l) = &side.link {
-            // The writer waits for ACKs once the replay buffer is full.
-            max_bytes = max_bytes.min(l.replay.room());
-        }
+        let max_bytes = 1 + rng.below(200_000) as usize;
         let max_frames = 1 + rng.below(32) as usize;
-        side.mux
-            .poll_transmit(&mut side.outgoing, max_bytes, max_frames);
-        if let Some(l) = &mut side.link {
-            // An ACK rides in front of the batch (never inside a frame).
-            if !side.outgoing.front().is_some_and(|f| f.started) {
-                let due = l.rx.ack_due() || !side.outgoing.is_empty();
-                if let Some(ack) = due.then(|| l.rx.take_ack()).flatten() {
-                    // It replaces an older ACK still queued: ACKs never go
-                    // backwards.
-                    side.outgoing.retain(|f| !f.is_link());
-                    side.outgoing
-                        .push_front(OutFrame::encoded(ack.to_bytes().unwrap()));
-                }
-            }
-        }
+        side.conn
+            .poll_transmit(side.carrier, &mut side.outgoing, max_bytes, max_frames);
     }
     // A partial write: up to `budget` bytes of the queued frames.
-    let mut budget = rng.below(100_000) as usize;
+    let budget = rng.below(100_000) as usize;
     let mut chunk = Vec::new();
-    while budget > 0 {
-        let resend = side.link.as_ref().is_some_and(|l| !l.resend.is_empty());
-        if !resend {
-            if let (Some(l), Some(f)) = (&mut side.link, side.outgoing.front()) {
-                if !f.started {
-                    // Sequenced as it starts going out: wire order.
-                    l.replay.record(f);
-                }
-            }
-        }
-        let f = if resend {
-            side.link.as_mut().unwrap().resend.front_mut()
-        } else {
-            side.outgoing.front_mut()
-        };
-        let Some(f) = f else {
-            break;
-        };
-        let head = f.head().to_vec();
-        let n = head.len().min(budget);
-        chunk.extend_from_slice(&head[..n]);
-        let mut left = budget - n;
-        let m = f.body.len().min(left);
-        chunk.extend_from_slice(&f.body[..m]);
-        left -= m;
-        f.advance(n + m);
-        budget = left;
-        if f.remaining() == 0 {
-            if resend {
-                side.link.as_mut().unwrap().resend.pop_front();
-            } else {
-                side.outgoing.pop_front();
-            }
-        }
+    let replay = take_bytes(&side.resend, budget, &mut chunk);
+    advance_batch(&mut side.resend, replay, |_| {});
+    if side.resend.is_empty() {
+        let n = take_bytes(&side.outgoing, budget - replay, &mut chunk);
+        side.conn.on_written(&mut side.outgoing, n);
     }
     if !chunk.is_empty() {
         let delay = rng.below(2_000_000); // up to 2 ms
@@ -215,7 +182,25 @@ fn transmit(rng: &mut Rng, now: u64, side: &mut Side, wire: &mut Wire) {
     }
 }
 
-/// Delivers what has arrived, in random pieces, and feeds the frames in.
+/// Copies up to `budget` bytes from the front of `frames` (what is left of
+/// each) into `out`; returns how many.
+fn take_bytes(frames: &VecDeque<OutFrame>, budget: usize, out: &mut Vec<u8>) -> usize {
+    let mut left = budget;
+    for f in frames {
+        for part in [f.head(), &f.body[..]] {
+            let n = part.len().min(left);
+            out.extend_from_slice(&part[..n]);
+            left -= n;
+        }
+        if left == 0 {
+            break;
+        }
+    }
+    budget - left
+}
+
+/// Delivers what has arrived, in random pieces, and feeds it to the
+/// connection by carrier id.
 fn receive(rng: &mut Rng, now: u64, side: &mut Side, wire: &mut Wire) {
     while let Some((at, _)) = wire.front() {
         if *at > now {
@@ -229,27 +214,13 @@ fn receive(rng: &mut Rng, now: u64, side: &mut Side, wire: &mut Wire) {
             wire.push_front((at, rest));
         }
         side.inbox.extend_from_slice(&chunk);
-        side.mux.heard(now);
-        loop {
-            let before = side.inbox.len();
-            match frame::decode(&mut side.inbox, DecodeLimits::default()) {
-                Ok(Some(Frame::Ack { received })) => {
-                    let l = side.link.as_mut().expect("ACK only with a link layer");
-                    if let Err(e) = l.replay.ack(received) {
-                        panic!("{}: unsound ACK: {e}", side.name);
-                    }
-                }
-                Ok(Some(f)) => {
-                    if let Some(l) = &mut side.link {
-                        l.rx.on_frame(before - side.inbox.len());
-                    }
-                    if let Err(v) = side.mux.handle_frame(f, now) {
-                        panic!("{}: protocol violation: {v}", side.name);
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => panic!("{}: undecodable bytes: {e}", side.name),
-            }
+        match side.conn.on_bytes(side.carrier, &mut side.inbox, true, now) {
+            Received::Taken { .. } => {}
+            r => panic!(
+                "{}: input not taken ({r:?}): {:?}",
+                side.name,
+                side.conn.mux().dead()
+            ),
         }
         if rng.chance(30) {
             break;
@@ -286,9 +257,10 @@ impl Sim {
     }
 
     /// The carrier drops: what is on the wire and each reader's unfinished
-    /// frame are lost; a started frame is in the replay buffer, frames not
-    /// started stay queued. Then the resume exchange: each side replays
-    /// from the other's received offset.
+    /// frame are lost, and both sides lose the carrier; each writer keeps
+    /// what it had taken and not started (a started frame is in the replay
+    /// buffer). Then the resume exchange on a new carrier: each side
+    /// replays from the other's received offset.
     fn drop_and_resume(&mut self) {
         self.drops += 1;
         self.a_to_b.clear();
@@ -296,19 +268,20 @@ impl Sim {
         let now = self.now;
         for side in [&mut self.a, &mut self.b] {
             side.inbox.clear();
-            if side.outgoing.front().is_some_and(|f| f.started) {
-                side.outgoing.pop_front();
-            }
-            side.outgoing.retain(|f| !f.is_link());
-            side.mux.set_attached(false, now);
-            side.mux.set_attached(true, now);
+            side.resend.clear();
+            let left = std::mem::take(&mut side.outgoing);
+            let l = side.conn.link_mut().unwrap();
+            l.save_leftover(left);
+            let loss = side.conn.carrier_lost(side.carrier, now, "dropped");
+            assert_eq!(loss, Loss::Link(Lost::Detached), "{}", side.name);
         }
-        let a_got = self.a.link.as_ref().unwrap().rx.received();
-        let b_got = self.b.link.as_ref().unwrap().rx.received();
+        let a_got = self.a.conn.link().unwrap().received();
+        let b_got = self.b.conn.link().unwrap().received();
         for (side, peer_got) in [(&mut self.a, b_got), (&mut self.b, a_got)] {
-            let l = side.link.as_mut().unwrap();
-            l.resend = l.replay.rewind(peer_got).expect("offsets fit").into();
-            l.rx.resumed();
+            let (id, resend) = side.conn.resume(0, peer_got, now).expect("offsets fit");
+            side.carrier = id;
+            side.resend = resend.into();
+            side.outgoing = side.conn.link_mut().unwrap().take_leftover();
         }
     }
 
@@ -317,7 +290,7 @@ impl Sim {
             'a' => (&mut self.a, &self.payloads),
             _ => (&mut self.b, &self.payloads),
         };
-        while let Some(ev) = side.mux.poll_event() {
+        while let Some(ev) = side.conn.mux_mut().poll_event() {
             match ev {
                 Event::Data { id, payload } => {
                     let s = side
@@ -340,7 +313,11 @@ impl Sim {
                 Event::Writable { .. } => {}
                 Event::OpenRequest { open, dest } => {
                     let index: usize = dest.trim_start_matches("tcp://s").parse().unwrap();
-                    let id = side.mux.accept_open(open, self.now).expect("accepted");
+                    let id = side
+                        .conn
+                        .mux_mut()
+                        .accept_open(open, self.now)
+                        .expect("accepted");
                     side.streams.insert(
                         id,
                         AppStream {
@@ -375,19 +352,22 @@ impl Sim {
         for id in ids {
             let s = side.streams.get_mut(&id).unwrap();
             if s.sent < s.to_send.len() && rng.chance(60) {
-                if let Some(room) = side.mux.send_room(id) {
+                if let Some(room) = side.conn.mux_mut().send_room(id) {
                     let n = room
                         .min(s.to_send.len() - s.sent)
                         .min(1 + rng.below(70_000) as usize);
                     if n > 0 {
                         let chunk = Bytes::copy_from_slice(&s.to_send[s.sent..s.sent + n]);
                         s.sent += n;
-                        side.mux.send(id, chunk);
+                        side.conn.mux_mut().send(id, chunk);
                     }
                 }
-            } else if s.sent == s.to_send.len() && !s.eof_sent && side.mux.send_room(id).is_some() {
+            } else if s.sent == s.to_send.len()
+                && !s.eof_sent
+                && side.conn.mux_mut().send_room(id).is_some()
+            {
                 s.eof_sent = true;
-                side.mux.send_eof(id);
+                side.conn.mux_mut().send_eof(id);
             }
             // Consume at a random pace.
             while rng.chance(70) {
@@ -395,11 +375,11 @@ impl Sim {
                     break;
                 };
                 s.received.extend_from_slice(&b);
-                side.mux.delivered(id, b.len(), now);
+                side.conn.mux_mut().delivered(id, b.len(), now);
             }
             if s.eof && s.pending.is_empty() && !s.eof_delivered {
                 s.eof_delivered = true;
-                side.mux.eof_delivered(id);
+                side.conn.mux_mut().eof_delivered(id);
             }
         }
     }
@@ -408,11 +388,11 @@ impl Sim {
         let side_done = |s: &Side| {
             s.streams.len() == self.payloads.len()
                 && s.streams.values().all(|a| a.finished && a.eof_delivered)
-                && s.mux.stream_ids().is_empty()
-                && !s.mux.has_output()
+                && s.conn.mux().stream_ids().is_empty()
+                && !s.conn.mux().has_output()
                 && s.outgoing.is_empty()
         };
-        let resent = |s: &Side| s.link.as_ref().is_none_or(|l| l.resend.is_empty());
+        let resent = |s: &Side| s.resend.is_empty();
         side_done(&self.a)
             && side_done(&self.b)
             && resent(&self.a)
@@ -424,7 +404,12 @@ impl Sim {
     /// Runs to the end; returns the bytes carried.
     fn run(&mut self) -> usize {
         for i in 0..self.payloads.len() {
-            let id = self.a.mux.open(&format!("tcp://s{i}"), 0).unwrap();
+            let id = self
+                .a
+                .conn
+                .mux_mut()
+                .open(&format!("tcp://s{i}"), 0)
+                .unwrap();
             self.a.streams.insert(
                 id,
                 AppStream {
@@ -446,8 +431,8 @@ impl Sim {
                 } else {
                     &mut self.b
                 };
-                if side.mux.poll_timeout().is_some_and(|t| t <= now) {
-                    side.mux.handle_timeout(now);
+                if side.conn.poll_timeout().is_some_and(|t| t <= now) {
+                    side.conn.handle_timeout(now);
                 }
                 self.events(which);
                 self.apps(which);
@@ -484,12 +469,12 @@ impl Sim {
                 );
             }
             assert_eq!(
-                side.mux.stats().budget_used,
+                side.conn.mux().stats().budget_used,
                 0,
                 "{}: budget leaked",
                 side.name
             );
-            assert!(side.mux.dead().is_none());
+            assert!(side.conn.mux().dead().is_none());
         }
         self.payloads.iter().map(|(u, d)| u.len() + d.len()).sum()
     }
