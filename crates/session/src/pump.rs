@@ -12,8 +12,13 @@ use crate::runtime::Shared;
 use crate::stream_io::StreamIo;
 
 /// Largest single read from a local socket; split into frames of at most
-/// the peer's maximum packet size without copying.
-pub(crate) const UPLINK_READ: usize = 256 * 1024;
+/// the peer's maximum packet size without copying. Reads never exceed the
+/// stream's send-queue room either (`send_queue`, 512 KiB by default), so
+/// this only lets a busy stream read as much as its queue takes in one
+/// call: on loopback 1 MiB against 256 KiB cut the relay reading the
+/// application's socket from 0.45–0.47 to 0.39 ms of CPU per MB
+/// (docs/BENCHMARKS.md).
+pub(crate) const UPLINK_READ: usize = 1024 * 1024;
 
 /// Waits until stream `id` may send (the peer's credit and the stream's
 /// send queue); how much, at most [`UPLINK_READ`]. None once it never may.
