@@ -17,6 +17,8 @@
 //! (`resume`), writing the replay first. Every byte must still arrive
 //! exactly once.
 
+mod common;
+
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
@@ -29,30 +31,7 @@ use longhaul_proto::outframe::{advance_batch, OutFrame};
 use longhaul_proto::resume::{Secret, SessionId};
 use longhaul_proto::window::WindowConfig;
 
-/// xorshift64*: small, fast, and the same on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
+use common::Rng;
 
 fn config(jmux: bool) -> MuxConfig {
     MuxConfig {
@@ -159,7 +138,7 @@ impl Side {
 /// Writes a random part of what the side has to send onto the wire: the
 /// replay first, then what the connection gives its carrier.
 fn transmit(rng: &mut Rng, now: u64, side: &mut Side, wire: &mut Wire) {
-    if side.outgoing.is_empty() || rng.chance(50) {
+    if side.outgoing.is_empty() || rng.percent(50) {
         let max_bytes = 1 + rng.below(200_000) as usize;
         let max_frames = 1 + rng.below(32) as usize;
         side.conn
@@ -222,7 +201,7 @@ fn receive(rng: &mut Rng, now: u64, side: &mut Side, wire: &mut Wire) {
                 side.conn.mux().dead()
             ),
         }
-        if rng.chance(30) {
+        if rng.percent(30) {
             break;
         }
     }
@@ -235,7 +214,7 @@ impl Sim {
 
     /// `drops`: carrier drops to make (0: no link layer).
     fn with_link(seed: u64, streams: usize, jmux: bool, drops: u32) -> Sim {
-        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut rng = Rng::seeded(seed);
         let payloads = (0..streams)
             .map(|_| {
                 let up = rng.below(200_000) as usize;
@@ -351,7 +330,7 @@ impl Sim {
         let ids: Vec<u32> = side.streams.keys().copied().collect();
         for id in ids {
             let s = side.streams.get_mut(&id).unwrap();
-            if s.sent < s.to_send.len() && rng.chance(60) {
+            if s.sent < s.to_send.len() && rng.percent(60) {
                 if let Some(room) = side.conn.mux_mut().send_room(id) {
                     let n = room
                         .min(s.to_send.len() - s.sent)
@@ -370,7 +349,7 @@ impl Sim {
                 side.conn.mux_mut().send_eof(id);
             }
             // Consume at a random pace.
-            while rng.chance(70) {
+            while rng.percent(70) {
                 let Some(b) = s.pending.pop_front() else {
                     break;
                 };
@@ -438,7 +417,7 @@ impl Sim {
                 self.apps(which);
                 self.events(which);
             }
-            if self.drops_left > 0 && self.rng.chance(1) {
+            if self.drops_left > 0 && self.rng.percent(1) {
                 self.drops_left -= 1;
                 self.drop_and_resume();
             }

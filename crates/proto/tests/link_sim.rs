@@ -13,6 +13,8 @@
 //! seed replays exactly: `LINK_SIM_SEED=n` runs one, `LINK_SIM_SEEDS=n`
 //! runs more.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -23,145 +25,13 @@ use longhaul_proto::outframe::OutFrame;
 use longhaul_proto::resume::{Attach, Secret, SessionId};
 use longhaul_proto::stripe::chunk_target;
 
-/// One tick of the simulated clock.
-const MS: u64 = 1_000_000;
-const CLIENT: usize = 0;
-const SERVER: usize = 1;
+use common::{Lane, Rng, Writer, CLIENT, MS, SERVER};
+
 const NO_BINDING: [u8; 32] = [0; 32];
-
-/// xorshift64*: small, fast, and the same on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo + 1)
-    }
-    fn chance(&mut self, per_mille: u64) -> bool {
-        self.below(1000) < per_mille
-    }
-}
 
 /// The byte at `offset` of each side's stream.
 fn pattern(offset: u64) -> u8 {
     (offset.wrapping_mul(31) ^ (offset >> 9)) as u8
-}
-
-/// One direction of a lane: the sender's socket buffer, then the wire.
-#[derive(Default)]
-struct Pipe {
-    backlog: VecDeque<Bytes>,
-    backlog_len: usize,
-    wire: VecDeque<(u64, Bytes)>,
-}
-
-/// A lane's writer, as woken by the runtime.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Writer {
-    /// Waits to be woken.
-    Idle,
-    /// Has work or was woken: asks for chunks while its socket has room.
-    Ready,
-}
-
-struct Lane {
-    number: u8,
-    /// Each side's id for it; `None` once that side dropped it.
-    ids: [Option<CarrierId>; 2],
-    /// `dir[s]`: written by side `s`.
-    dir: [Pipe; 2],
-    /// Side `s`'s read buffer, and a chunk header waiting for its bytes.
-    rx: [BytesMut; 2],
-    pending: [Option<(u64, usize)>; 2],
-    writer: [Writer; 2],
-    delay: u64,
-    rate: usize,
-    /// No byte moves on the wire before this tick (a stalled path).
-    stalled_until: u64,
-    dead: bool,
-    /// When each side learns that the lane died.
-    notice: [Option<u64>; 2],
-}
-
-impl Lane {
-    fn new(number: u8, rng: &mut Rng) -> Lane {
-        Lane {
-            number,
-            ids: [None, None],
-            dir: [Pipe::default(), Pipe::default()],
-            rx: [BytesMut::new(), BytesMut::new()],
-            pending: [None, None],
-            writer: [Writer::Ready, Writer::Ready],
-            delay: rng.range(1, 40),
-            rate: rng.range(1, 32) as usize * 1024,
-            stalled_until: 0,
-            dead: false,
-            notice: [None, None],
-        }
-    }
-
-    fn write(&mut self, side: usize, b: Bytes) {
-        if self.dead || b.is_empty() {
-            return;
-        }
-        let p = &mut self.dir[side];
-        p.backlog_len += b.len();
-        p.backlog.push_back(b);
-    }
-
-    fn has_room(&self, side: usize) -> bool {
-        self.dir[side].backlog_len < 4 * self.rate
-    }
-
-    /// Moves one tick's worth of bytes onto the wire, and what has crossed
-    /// it into the reader's buffer.
-    fn advance(&mut self, now: u64) {
-        if self.dead {
-            return;
-        }
-        for side in [CLIENT, SERVER] {
-            let p = &mut self.dir[side];
-            let mut budget = if now < self.stalled_until {
-                0
-            } else {
-                self.rate
-            };
-            while budget > 0 {
-                let Some(front) = p.backlog.front_mut() else {
-                    break;
-                };
-                let n = budget.min(front.len());
-                let piece = front.split_to(n);
-                if front.is_empty() {
-                    p.backlog.pop_front();
-                }
-                p.backlog_len -= n;
-                budget -= n;
-                p.wire.push_back((now + self.delay, piece));
-            }
-            while p.wire.front().is_some_and(|(t, _)| *t <= now) {
-                let (_, b) = p.wire.pop_front().unwrap();
-                self.rx[1 - side].extend_from_slice(&b);
-            }
-        }
-    }
-
-    fn kill(&mut self) {
-        self.dead = true;
-        self.dir = [Pipe::default(), Pipe::default()];
-    }
 }
 
 /// One side: its link layer, the stream it sends and the one it checks.
@@ -292,7 +162,7 @@ fn bytes_of(f: &OutFrame) -> Bytes {
 
 impl Sim {
     fn new(seed: u64) -> Sim {
-        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut rng = Rng::seeded(seed);
         let lanes_n = rng.range(1, 4) as u8;
         let striped = lanes_n >= 2;
         let limit = [256 << 10, 1 << 20, 8 << 20][rng.below(3) as usize];
@@ -389,7 +259,7 @@ impl Sim {
         let mut stalled = self.lanes.iter().any(|l| l.stalled_until > now);
         for i in 0..self.lanes.len() {
             let l = &mut self.lanes[i];
-            if !l.dead && self.rng.chance(self.fail_per_mille) {
+            if !l.dead && self.rng.per_mille(self.fail_per_mille) {
                 l.kill();
                 l.notice = [
                     Some(now + self.rng.range(0, 20) * MS),
@@ -400,7 +270,7 @@ impl Sim {
             // One lane at a time stalls, for as long as a TCP connection
             // backing off its retransmissions would: the others must carry
             // the session meanwhile.
-            if !l.dead && !stalled && self.rng.chance(self.stall_per_mille) {
+            if !l.dead && !stalled && self.rng.per_mille(self.stall_per_mille) {
                 l.stalled_until = now + self.rng.range(1000, 15_000) * MS;
                 stalled = true;
             }
