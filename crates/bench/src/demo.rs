@@ -100,6 +100,7 @@ async fn first_byte(
             }
             let (host, port) = bench.rsplit_once(':').context("bench address")?;
             cfg.local = vec![ForwardSpec {
+                transport: longhaul_forward::spec::Transport::Tcp,
                 bind: "127.0.0.1".into(),
                 port: 0,
                 host: host.into(),

@@ -345,7 +345,7 @@ pub struct ServerArgs {
     /// Let in clients without key or token, and allow unencrypted tcp:// and plain ws:// listeners. dir:// stays TLS: a folder is unencrypted only as dir://PATH?tls=off, with --insecure.
     #[arg(long)]
     pub insecure: bool,
-    /// Allow streams to HOST:PORT (HOST: IP, CIDR, name, *.suffix or *; PORT: n, a-b or *). Repeatable.
+    /// Allow streams to HOST:PORT (HOST: IP, CIDR, name, *.suffix or *; PORT: n, a-b or *); udp:HOST:PORT allows UDP flows instead. Repeatable.
     #[arg(long = "allow", value_name = "RULE", value_parser = parse_rule)]
     pub allow: Vec<Rule>,
     /// Allow every target (an open relay: only when you mean it).
@@ -399,10 +399,10 @@ pub struct ClientArgs {
     pub server: ServerUrl,
     #[command(flatten)]
     pub conn: ConnectArgs,
-    /// Local forward [BIND:]PORT:HOST:HOSTPORT (ssh -L). Repeatable.
+    /// Local forward [BIND:]PORT:HOST:HOSTPORT (ssh -L); udp:[BIND:]PORT:HOST:HOSTPORT forwards UDP datagrams. Repeatable.
     #[arg(short = 'L', value_name = "SPEC", value_parser = parse_l)]
     pub local: Vec<ForwardSpec>,
-    /// Remote forward [BIND:]PORT:HOST:HOSTPORT (ssh -R): the server listens, we connect. Repeatable.
+    /// Remote forward [BIND:]PORT:HOST:HOSTPORT (ssh -R): the server listens, we connect; udp:… for UDP. Repeatable.
     #[arg(short = 'R', value_name = "SPEC", value_parser = parse_r)]
     pub remote: Vec<ForwardSpec>,
     /// SOCKS5 listener [BIND:]PORT (ssh -D). Repeatable.

@@ -424,7 +424,8 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     }
     let _control = control(a.control.as_deref(), "client", metrics);
     for (spec, addr) in a.local.iter().zip(&client.local_addrs) {
-        tracing::info!("forwarding {addr} -> {}:{}", spec.host, spec.host_port);
+        let (p, h, hp) = (spec.prefix(), &spec.host, spec.host_port);
+        tracing::info!("forwarding {p}{addr} -> {h}:{hp}");
     }
     for addr in &client.socks_addrs {
         tracing::info!("SOCKS5 proxy on {addr}");

@@ -231,9 +231,9 @@ mod tests {
         let a = k.get(&fp(1)).unwrap();
         assert_eq!(a.comment, "alice laptop");
         let allow = a.allow.as_ref().unwrap();
-        assert!(allow.allows_name("db.corp", 5432));
-        assert!(allow.allows_name("x.web", 443));
-        assert!(!allow.allows_name("db.corp", 22));
+        assert!(allow.allows_name(crate::rules::Transport::Tcp, "db.corp", 5432));
+        assert!(allow.allows_name(crate::rules::Transport::Tcp, "x.web", 443));
+        assert!(!allow.allows_name(crate::rules::Transport::Tcp, "db.corp", 22));
         let bind = a.bind.as_ref().unwrap();
         assert!(bind.allows("127.0.0.1".parse().unwrap(), 8080));
         assert!(!bind.allows("127.0.0.1".parse().unwrap(), 8081));

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use longhaul_carrier::{accept_with_backoff, bind_listener};
-use longhaul_proto::frame::format_dest;
+use longhaul_proto::frame::Transport;
 use longhaul_session::SessionHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -131,23 +131,36 @@ impl Client {
             // Nothing would dial again: do not offer resume.
             config.session.resume = false;
         }
-        let targets: HashSet<String> = config
-            .remote
-            .iter()
-            .map(|r| format_dest(&r.host, r.host_port))
-            .collect();
+        let udp = config.local.iter().chain(&config.remote);
+        if config.session.mode == longhaul_session::Mode::Jmux
+            && udp.into_iter().any(|f| f.transport == Transport::Udp)
+        {
+            return Err(anyhow!(
+                "UDP forwards need longhaul's native mode: drop --jmux, or forward TCP only"
+            ));
+        }
+        let targets: HashSet<String> = config.remote.iter().map(|r| r.dest()).collect();
         let acceptor = Arc::new(ClientAcceptor {
             targets: Mutex::new(targets),
         });
         let session = crate::reconnect::establish(&config, acceptor.clone()).await?;
 
         let mut listeners = vec![];
+        let mut udp_listeners = vec![];
         let mut local_addrs = vec![];
         for l in &config.local {
             let addr = listen_addr(&l.bind, l.port).map_err(|e| anyhow!("-L: {e}"))?;
-            let lst = listen(addr, &format!("-L {}:{}", l.host, l.host_port))?;
+            let what = format!("-L {}{}:{}", l.prefix(), l.host, l.host_port);
+            if l.transport == Transport::Udp {
+                let sock = crate::udp::bind(addr)
+                    .with_context(|| format!("cannot listen on {addr} for {what}"))?;
+                local_addrs.push(sock.local_addr()?);
+                udp_listeners.push((sock, l.dest()));
+                continue;
+            }
+            let lst = listen(addr, &what)?;
             local_addrs.push(lst.local_addr()?);
-            listeners.push((lst, Kind::Local(format_dest(&l.host, l.host_port))));
+            listeners.push((lst, Kind::Local(l.dest())));
         }
         let mut socks_addrs = vec![];
         for a in &config.socks {
@@ -163,12 +176,12 @@ impl Client {
         }
         let mut remote_ports = vec![];
         for r in &config.remote {
-            let dest = format_dest(&r.host, r.host_port);
-            let port = session.bind(&r.bind_addr(), &dest).await.map_err(|e| {
+            let port = session.bind(&r.bind_addr(), &r.dest()).await.map_err(|e| {
                 let e = longhaul_session::logs::escaped(&e);
-                anyhow!("server refused -R {}: {e}", r.bind_addr())
+                anyhow!("server refused -R {}{}: {e}", r.prefix(), r.bind_addr())
             })?;
-            tracing::info!("-R {}:{port} -> {}:{} open", r.bind, r.host, r.host_port);
+            let (p, b, h, hp) = (r.prefix(), &r.bind, &r.host, r.host_port);
+            tracing::info!("-R {p}{b}:{port} -> {h}:{hp} open");
             remote_ports.push(port);
         }
         let (current_tx, current) = watch::channel(session);
@@ -180,6 +193,24 @@ impl Client {
             current.clone(),
             config.server.to_string(),
         ));
+        for (sock, dest) in udp_listeners {
+            let current = current.clone();
+            let demand = demand.clone();
+            let session = move || {
+                let s = current.borrow().clone();
+                if s.is_closed() {
+                    // Ask for a new session; this datagram is lost.
+                    demand.notify_one();
+                    return None;
+                }
+                Some(s)
+            };
+            let mut ended = ended.clone();
+            let stop = async move {
+                let _ = ended.wait_for(|e| e.is_some()).await;
+            };
+            tokio::spawn(crate::udp::serve(sock, dest, session, stop));
+        }
         for (lst, kind) in listeners {
             tokio::spawn(accept_loop(
                 lst,

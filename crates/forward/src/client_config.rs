@@ -6,11 +6,11 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use longhaul_carrier::{CarrierUrl, Fingerprint, Identity};
-use longhaul_proto::frame::parse_dest;
+use longhaul_proto::frame::{parse_target, Transport};
 use longhaul_proto::Reason;
 use longhaul_session::{Acceptor, BoxFuture, LocalStream, OpenRefused, SessionConfig};
 
-use crate::connect::connect_host;
+use crate::connect::{connect_host, connect_udp, resolve_host};
 use crate::known_hosts::KnownHosts;
 use crate::spec::ForwardSpec;
 
@@ -112,10 +112,16 @@ impl Acceptor for ClientAcceptor {
                     "not a reverse-forward target",
                 ));
             }
-            let (host, port) = parse_dest(&dest).ok_or_else(|| {
+            let (t, host, port) = parse_target(&dest).ok_or_else(|| {
                 OpenRefused::new(Reason::ADDRESS_TYPE_NOT_SUPPORTED, "bad destination")
             })?;
-            connect_host(&host, port).await.map(Into::into)
+            match t {
+                Transport::Tcp => connect_host(&host, port).await.map(Into::into),
+                Transport::Udp => {
+                    let addrs = resolve_host(&host, port).await?;
+                    connect_udp(&addrs).await.map(LocalStream::Udp)
+                }
+            }
         })
     }
 }

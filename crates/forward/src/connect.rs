@@ -3,22 +3,24 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use longhaul_proto::frame::parse_dest;
+use longhaul_proto::frame::parse_target;
 use longhaul_proto::Reason;
 use longhaul_session::OpenRefused;
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UdpSocket};
 
-use crate::rules::Rules;
+use crate::rules::{Rules, Transport};
 
 /// Time allowed for one target connect (all addresses together).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Parses a stream's destination URL.
-pub fn target(dest: &str) -> Result<(String, u16), OpenRefused> {
-    parse_dest(dest).ok_or_else(|| {
+pub fn target(dest: &str) -> Result<(Transport, String, u16), OpenRefused> {
+    parse_target(dest).ok_or_else(|| {
         OpenRefused::new(
             Reason::ADDRESS_TYPE_NOT_SUPPORTED,
-            format!("unsupported destination '{dest}' (expected tcp://host:port)"),
+            format!(
+                "unsupported destination '{dest}' (expected tcp://host:port or udp://host:port)"
+            ),
         )
     })
 }
@@ -31,22 +33,23 @@ pub fn target(dest: &str) -> Result<(String, u16), OpenRefused> {
 /// names cause no DNS traffic.
 pub async fn allowed_addrs(
     sets: &[&Rules],
+    t: Transport,
     host: &str,
     port: u16,
 ) -> Result<Vec<SocketAddr>, OpenRefused> {
     let not_allowed = || OpenRefused::new(Reason::NOT_ALLOWED, "not allowed");
     if let Ok(ip) = host.parse::<IpAddr>() {
-        return if sets.iter().all(|r| r.allows_ip(ip, port)) {
+        return if sets.iter().all(|r| r.allows_ip(t, ip, port)) {
             Ok(vec![SocketAddr::new(ip, port)])
         } else {
             Err(not_allowed())
         };
     }
-    let by_name: Vec<bool> = sets.iter().map(|r| r.allows_name(host, port)).collect();
+    let by_name: Vec<bool> = sets.iter().map(|r| r.allows_name(t, host, port)).collect();
     if sets
         .iter()
         .zip(&by_name)
-        .any(|(r, &named)| !named && !r.has_address_rules())
+        .any(|(r, &named)| !named && !r.has_address_rules(t))
     {
         return Err(not_allowed());
     }
@@ -68,7 +71,7 @@ pub async fn allowed_addrs(
         .filter(|a| {
             sets.iter()
                 .zip(&by_name)
-                .all(|(r, &named)| named || r.allows_ip(a.ip(), port))
+                .all(|(r, &named)| named || r.allows_ip(t, a.ip(), port))
         })
         .collect();
     if ok.is_empty() {
@@ -96,9 +99,25 @@ pub async fn connect_any(addrs: &[SocketAddr]) -> Result<TcpStream, OpenRefused>
     }
 }
 
-/// Resolves and connects without rules (the client's own `-R` targets).
-pub async fn connect_host(host: &str, port: u16) -> Result<TcpStream, OpenRefused> {
-    let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+/// A UDP socket `connect`ed to the first of `addrs` (so only its answers
+/// come back), bound to the unspecified address of its family.
+pub async fn connect_udp(addrs: &[SocketAddr]) -> Result<UdpSocket, OpenRefused> {
+    let failed = |e: std::io::Error| OpenRefused::new(Reason::from_io(e.kind()), e.to_string());
+    let to = *addrs
+        .first()
+        .ok_or_else(|| failed(std::io::ErrorKind::NotFound.into()))?;
+    let any: SocketAddr = match to {
+        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let sock = UdpSocket::bind(any).await.map_err(failed)?;
+    sock.connect(to).await.map_err(failed)?;
+    Ok(sock)
+}
+
+/// Resolves a host without rules (the client's own `-R` targets).
+pub async fn resolve_host(host: &str, port: u16) -> Result<Vec<SocketAddr>, OpenRefused> {
+    Ok(match host.parse::<IpAddr>() {
         Ok(ip) => vec![SocketAddr::new(ip, port)],
         Err(_) => tokio::net::lookup_host((host, port))
             .await
@@ -109,6 +128,10 @@ pub async fn connect_host(host: &str, port: u16) -> Result<TcpStream, OpenRefuse
                 )
             })?
             .collect(),
-    };
-    connect_any(&addrs).await
+    })
+}
+
+/// Resolves and connects without rules (the client's own `-R` targets).
+pub async fn connect_host(host: &str, port: u16) -> Result<TcpStream, OpenRefused> {
+    connect_any(&resolve_host(host, port).await?).await
 }

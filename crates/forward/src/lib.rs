@@ -31,6 +31,7 @@ mod sessions;
 pub mod socks5;
 pub mod spec;
 pub mod status;
+mod udp;
 
 pub use client::{Client, ClientConfig};
 pub use server::{Server, ServerConfig};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use longhaul_carrier::Fingerprint;
 use longhaul_files::Access;
-use longhaul_proto::frame::parse_dest;
+use longhaul_proto::frame::parse_target;
 
 use crate::auth::{Authenticated, ServerAuth};
 use crate::rules::{BindRules, Rules};
@@ -109,16 +109,16 @@ impl Policy {
             .chain(g.allow.as_ref())
             .collect();
         for d in dests {
-            let Some((host, port)) = parse_dest(d) else {
+            let Some((t, host, port)) = parse_target(d) else {
                 continue;
             };
             // A name allowed only through the addresses it resolves to is
             // checked again at its next connect, not here (no DNS on reload).
             let allowed = match host.parse::<IpAddr>() {
-                Ok(ip) => sets.iter().all(|r| r.allows_ip(ip, port)),
+                Ok(ip) => sets.iter().all(|r| r.allows_ip(t, ip, port)),
                 Err(_) => sets
                     .iter()
-                    .all(|r| r.allows_name(&host, port) || r.has_address_rules()),
+                    .all(|r| r.allows_name(t, &host, port) || r.has_address_rules(t)),
             };
             if !allowed {
                 return Some(format!("the rules no longer allow its stream to {d}"));

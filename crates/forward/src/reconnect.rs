@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
-use longhaul_proto::frame::format_dest;
 use longhaul_session::{Session, SessionError, SessionHandle};
 use rand::Rng;
 use tokio::io::AsyncWriteExt;
@@ -310,7 +309,7 @@ pub(crate) async fn supervise(
 /// first session got.
 async fn rebind(config: &ClientConfig, session: &SessionHandle, ports: &[u16]) {
     for (r, &port) in config.remote.iter().zip(ports) {
-        let dest = format_dest(&r.host, r.host_port);
+        let dest = r.dest();
         let bind = match r.bind_addr().rsplit_once(':') {
             Some((host, _)) => format!("{host}:{port}"),
             None => port.to_string(),

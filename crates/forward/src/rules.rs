@@ -2,7 +2,8 @@
 //!
 //! A target rule is `HOST:PORT`: HOST is an IP, a CIDR, a DNS name, `*.suffix`
 //! or `*`; PORT is a number, a range `a-b`, or `*`. IPv6 hosts go in brackets
-//! (`[::1]:22`, `[fd00::/8]:*`).
+//! (`[::1]:22`, `[fd00::/8]:*`). It allows TCP streams; `udp:HOST:PORT`
+//! allows UDP flows instead (a rule says one protocol, never both).
 //!
 //! A bind rule is `[ADDR:]PORT` (PORT as above). Without ADDR it allows that
 //! port on loopback only — the safe meaning, like ssh's `GatewayPorts no`;
@@ -10,6 +11,8 @@
 
 use std::net::IpAddr;
 use std::str::FromStr;
+
+pub use longhaul_proto::frame::Transport;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum HostPattern {
@@ -121,6 +124,7 @@ fn in_cidr(net: IpAddr, bits: u8, ip: IpAddr) -> bool {
 /// One `--allow` rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
+    transport: Transport,
     host: HostPattern,
     ports: PortRange,
 }
@@ -128,9 +132,14 @@ pub struct Rule {
 impl FromStr for Rule {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let usage = "expected HOST:PORT, e.g. --allow db.corp:5432, --allow '*.corp:443', --allow 10.0.0.0/8:1-1024";
+        let usage = "expected [udp:]HOST:PORT, e.g. --allow db.corp:5432, --allow '*.corp:443', --allow 10.0.0.0/8:1-1024, --allow udp:dns.corp:53";
+        // `udp:53` is host "udp" (TCP); `udp:dns:53` is a UDP rule.
+        let (transport, spec) = match s.strip_prefix("udp:") {
+            Some(rest) if split_host_port(rest).is_some() => (Transport::Udp, rest),
+            _ => (Transport::Tcp, s),
+        };
         let (host, port) =
-            split_host_port(s).ok_or_else(|| format!("invalid rule '{s}': {usage}"))?;
+            split_host_port(spec).ok_or_else(|| format!("invalid rule '{s}': {usage}"))?;
         let ports = port
             .parse::<PortRange>()
             .map_err(|e| format!("invalid rule '{s}': {e}"))?;
@@ -149,7 +158,11 @@ impl FromStr for Rule {
         } else {
             return Err(format!("invalid rule '{s}': bad host '{host}'; {usage}"));
         };
-        Ok(Rule { host, ports })
+        Ok(Rule {
+            transport,
+            host,
+            ports,
+        })
     }
 }
 
@@ -175,16 +188,17 @@ impl Rules {
     }
 
     /// Allowed by name alone (name, suffix, `*`, or an IP literal target).
-    pub fn allows_name(&self, host: &str, port: u16) -> bool {
+    pub fn allows_name(&self, t: Transport, host: &str, port: u16) -> bool {
         if self.allow_all {
             return true;
         }
         if let Ok(ip) = host.parse::<IpAddr>() {
-            return self.allows_ip(ip, port);
+            return self.allows_ip(t, ip, port);
         }
         let name = normalize_name(host);
         self.rules.iter().any(|r| {
-            r.ports.contains(port)
+            r.transport == t
+                && r.ports.contains(port)
                 && match &r.host {
                     HostPattern::Any => true,
                     HostPattern::Name(n) => *n == name,
@@ -195,10 +209,11 @@ impl Rules {
     }
 
     /// Allowed by address (IP and CIDR rules, `*`).
-    pub fn allows_ip(&self, ip: IpAddr, port: u16) -> bool {
+    pub fn allows_ip(&self, t: Transport, ip: IpAddr, port: u16) -> bool {
         self.allow_all
             || self.rules.iter().any(|r| {
-                r.ports.contains(port)
+                r.transport == t
+                    && r.ports.contains(port)
                     && match &r.host {
                         HostPattern::Any => true,
                         HostPattern::Cidr(net, bits) => in_cidr(*net, *bits, ip),
@@ -208,12 +223,11 @@ impl Rules {
     }
 
     /// Whether any rule could admit a resolved address (worth a DNS lookup).
-    pub fn has_address_rules(&self) -> bool {
+    pub fn has_address_rules(&self, t: Transport) -> bool {
         self.allow_all
-            || self
-                .rules
-                .iter()
-                .any(|r| matches!(r.host, HostPattern::Cidr(..) | HostPattern::Any))
+            || self.rules.iter().any(|r| {
+                r.transport == t && matches!(r.host, HostPattern::Cidr(..) | HostPattern::Any)
+            })
     }
 }
 
@@ -279,6 +293,8 @@ impl BindRules {
 mod tests {
     use super::*;
 
+    const T: Transport = Transport::Tcp;
+
     fn rules(list: &[&str]) -> Rules {
         Rules::new(list.iter().map(|r| r.parse().unwrap()).collect(), false)
     }
@@ -286,37 +302,58 @@ mod tests {
     #[test]
     fn deny_by_default() {
         let r = Rules::default();
-        assert!(!r.allows_name("example.com", 80));
-        assert!(!r.allows_ip("127.0.0.1".parse().unwrap(), 80));
+        assert!(!r.allows_name(T, "example.com", 80));
+        assert!(!r.allows_ip(T, "127.0.0.1".parse().unwrap(), 80));
     }
 
     #[test]
     fn names_suffixes_and_ports() {
         let r = rules(&["files.corp:445", "*.corp:443", "db.corp:5000-5010"]);
-        assert!(r.allows_name("files.corp", 445));
-        assert!(r.allows_name("FILES.corp.", 445));
-        assert!(!r.allows_name("files.corp", 446));
-        assert!(r.allows_name("a.b.corp", 443));
-        assert!(!r.allows_name("corp", 443));
-        assert!(!r.allows_name("evilcorp", 443));
-        assert!(r.allows_name("db.corp", 5005));
-        assert!(!r.allows_name("db.corp", 5011));
+        assert!(r.allows_name(T, "files.corp", 445));
+        assert!(r.allows_name(T, "FILES.corp.", 445));
+        assert!(!r.allows_name(T, "files.corp", 446));
+        assert!(r.allows_name(T, "a.b.corp", 443));
+        assert!(!r.allows_name(T, "corp", 443));
+        assert!(!r.allows_name(T, "evilcorp", 443));
+        assert!(r.allows_name(T, "db.corp", 5005));
+        assert!(!r.allows_name(T, "db.corp", 5011));
     }
 
     #[test]
     fn addresses_and_cidrs() {
         let r = rules(&["10.0.0.0/8:*", "[::1]:22", "127.0.0.1:80"]);
-        assert!(r.allows_ip("10.200.1.1".parse().unwrap(), 1));
-        assert!(!r.allows_ip("11.0.0.1".parse().unwrap(), 1));
-        assert!(r.allows_name("::1", 22));
-        assert!(!r.allows_name("::1", 23));
-        assert!(r.allows_name("127.0.0.1", 80));
-        assert!(r.allows_ip("::ffff:10.0.0.1".parse().unwrap(), 9));
+        assert!(r.allows_ip(T, "10.200.1.1".parse().unwrap(), 1));
+        assert!(!r.allows_ip(T, "11.0.0.1".parse().unwrap(), 1));
+        assert!(r.allows_name(T, "::1", 22));
+        assert!(!r.allows_name(T, "::1", 23));
+        assert!(r.allows_name(T, "127.0.0.1", 80));
+        assert!(r.allows_ip(T, "::ffff:10.0.0.1".parse().unwrap(), 9));
         assert!(
-            !r.allows_name("localhost", 80),
+            !r.allows_name(T, "localhost", 80),
             "names never match address rules"
         );
-        assert!(r.has_address_rules());
+        assert!(r.has_address_rules(T));
+    }
+
+    #[test]
+    fn udp_rules_allow_udp_only() {
+        let r = rules(&["udp:dns.corp:53", "udp:10.0.0.0/8:*", "udp:5353"]);
+        let u = Transport::Udp;
+        assert!(r.allows_name(u, "dns.corp", 53));
+        assert!(
+            !r.allows_name(T, "dns.corp", 53),
+            "a UDP rule allows no TCP"
+        );
+        assert!(r.allows_ip(u, "10.1.2.3".parse().unwrap(), 9));
+        assert!(!r.allows_ip(T, "10.1.2.3".parse().unwrap(), 9));
+        assert!(r.has_address_rules(u) && !r.has_address_rules(T));
+        // `udp:5353` is the TCP rule for host "udp".
+        assert!(r.allows_name(T, "udp", 5353));
+        let tcp = rules(&["dns.corp:53"]);
+        assert!(
+            !tcp.allows_name(u, "dns.corp", 53),
+            "a TCP rule allows no UDP"
+        );
     }
 
     #[test]

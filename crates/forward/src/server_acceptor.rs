@@ -13,9 +13,10 @@ use longhaul_session::{Acceptor, BoxFuture, LocalStream, OpenRefused, SessionHan
 use tokio::net::TcpListener;
 
 use crate::auth::Authenticated;
-use crate::connect::{allowed_addrs, connect_any, target};
+use crate::connect::{allowed_addrs, connect_any, connect_udp, target};
 use crate::metrics::{Metrics, Refusal};
 use crate::policy::{Grants, Policy, PolicyCell, Who};
+use crate::rules::Transport;
 use crate::server_config::{Ends, ServerConfig};
 use crate::spec::loopback;
 
@@ -110,12 +111,13 @@ impl Acceptor for ServerAcceptor {
         let refusals = self.refusals.clone();
         Box::pin(async move {
             let allowed = async {
-                let (host, port) = target(&dest)?;
+                let (t, host, port) = target(&dest)?;
                 let mut sets = vec![&rules];
                 sets.extend(key_rules.as_ref());
-                allowed_addrs(&sets, &host, port).await
+                let addrs = allowed_addrs(&sets, t, &host, port).await?;
+                Ok::<_, OpenRefused>((addrs, t, host, port))
             };
-            let addrs = match allowed.await {
+            let (addrs, t, host, port) = match allowed.await {
                 Ok(a) => a,
                 Err(e) => {
                     if e.reason == Reason::NOT_ALLOWED {
@@ -128,12 +130,15 @@ impl Acceptor for ServerAcceptor {
                     return Err(e);
                 }
             };
-            let sock = connect_any(&addrs).await?;
+            let sock: LocalStream = match t {
+                Transport::Tcp => connect_any(&addrs).await?.into(),
+                Transport::Udp => LocalStream::Udp(connect_udp(&addrs).await?),
+            };
             // A reload during the connect (up to its timeout) must not let
             // through what it now refuses: if the policy changed, its rules
             // once more.
             if Arc::ptr_eq(&cell.current(), &checked_under) {
-                return Ok(sock.into());
+                return Ok(sock);
             }
             let Some((policy, grants)) = cell_now(&cell, &who) else {
                 return Err(OpenRefused::new(
@@ -143,13 +148,12 @@ impl Acceptor for ServerAcceptor {
             };
             let mut sets = vec![&policy.rules];
             sets.extend(grants.allow.as_ref());
-            let (host, port) = target(&dest)?;
-            if allowed_addrs(&sets, &host, port).await.is_err() {
+            if allowed_addrs(&sets, t, &host, port).await.is_err() {
                 let dest = shown(&dest);
                 tracing::warn!(%peer, %dest, "refused: the rules changed while connecting");
                 return Err(OpenRefused::new(Reason::NOT_ALLOWED, "no longer allowed"));
             }
-            Ok(sock.into())
+            Ok(sock)
         })
     }
 
@@ -198,24 +202,31 @@ impl Acceptor for ServerAcceptor {
                     format!("binding {addr} is not allowed"),
                 ));
             }
-            let listener = bind_listener(addr).map_err(|e| {
+            let cannot = |e: std::io::Error| {
                 OpenRefused::new(
                     Reason::GENERAL_FAILURE,
                     format!("cannot listen on {addr}: {e}"),
                 )
-            })?;
-            let port = listener
-                .local_addr()
-                .map(|a| a.port())
-                .unwrap_or(addr.port());
-            tracing::info!(%peer, listen = %addr, dest = %shown(&dest), "reverse forward open");
+            };
             let grant = BindGrant {
                 policy: cell,
                 who,
                 addr,
-                peer,
+                peer: peer.clone(),
             };
-            tokio::spawn(reverse_accept_loop(listener, dest, session, grant));
+            let udp = matches!(target(&dest), Ok((Transport::Udp, ..)));
+            let port = if udp {
+                let sock = crate::udp::bind(addr).map_err(cannot)?;
+                let port = sock.local_addr().map_err(cannot)?.port();
+                tokio::spawn(reverse_udp(sock, dest.clone(), session, grant));
+                port
+            } else {
+                let listener = bind_listener(addr).map_err(cannot)?;
+                let port = listener.local_addr().map_err(cannot)?.port();
+                tokio::spawn(reverse_accept_loop(listener, dest.clone(), session, grant));
+                port
+            };
+            tracing::info!(%peer, listen = %addr, dest = %shown(&dest), "reverse forward open");
             Ok(port)
         })
     }
@@ -249,6 +260,28 @@ impl BindGrant {
             }
         }
     }
+}
+
+/// Serves a `-R udp:` listener until the session ends, or until a reload
+/// no longer allows the bind (the session then ends, as for TCP).
+async fn reverse_udp(
+    sock: tokio::net::UdpSocket,
+    dest: String,
+    session: SessionHandle,
+    grant: BindGrant,
+) {
+    let current = session.clone();
+    let stop = async move {
+        tokio::select! {
+            _ = session.closed() => {}
+            why = grant.revoked() => {
+                tracing::warn!(peer = %grant.peer, "closing the session after the reload: {why}");
+                session.close(&format!("closed by the server's reload: {why}"));
+            }
+        }
+    };
+    let session = move || (!current.is_closed()).then(|| current.clone());
+    crate::udp::serve(sock, dest, session, stop).await;
 }
 
 /// Accepts on a reverse-forward listener until the session ends, or until

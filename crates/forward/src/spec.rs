@@ -1,15 +1,21 @@
 //! ssh-style forward specifications.
 //!
-//! `-L [BIND:]PORT:HOST:HOSTPORT`, `-R [BIND:]PORT:HOST:HOSTPORT`,
+//! `-L [udp:][BIND:]PORT:HOST:HOSTPORT`, `-R [udp:][BIND:]PORT:HOST:HOSTPORT`,
 //! `-D [BIND:]PORT`, `--http-proxy [BIND:]PORT`. BIND defaults to
 //! 127.0.0.1; `*` or an empty BIND means all interfaces; IPv6 literals go in
-//! brackets.
+//! brackets. `udp:` in front forwards UDP datagrams instead of TCP
+//! connections.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use longhaul_proto::frame::format_target;
+pub use longhaul_proto::frame::Transport;
 
 /// `-L`/`-R`: listen on `bind:port`, connect to `host:host_port`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForwardSpec {
+    /// TCP connections, or UDP datagrams (`udp:` in front).
+    pub transport: Transport,
     pub bind: String,
     pub port: u16,
     pub host: String,
@@ -19,6 +25,19 @@ pub struct ForwardSpec {
 impl ForwardSpec {
     pub fn bind_addr(&self) -> String {
         join_host_port(&self.bind, self.port)
+    }
+
+    /// The stream destination it opens: `tcp://HOST:PORT` or `udp://…`.
+    pub fn dest(&self) -> String {
+        format_target(self.transport, &self.host, self.host_port)
+    }
+
+    /// How it is written on the command line (`udp:` in front for UDP).
+    pub fn prefix(&self) -> &'static str {
+        match self.transport {
+            Transport::Tcp => "",
+            Transport::Udp => "udp:",
+        }
     }
 }
 
@@ -65,9 +84,14 @@ fn port(s: &str) -> Option<u16> {
 /// Parses `-L`/`-R` specs; `flag` names the option in error messages.
 pub fn parse_forward(s: &str, flag: &str) -> Result<ForwardSpec, String> {
     let err = || {
-        format!("invalid {flag} '{s}': expected [BIND:]PORT:HOST:HOSTPORT, e.g. {flag} 8080:example.com:80 or {flag} [::1]:8080:[::1]:80")
+        format!("invalid {flag} '{s}': expected [udp:][BIND:]PORT:HOST:HOSTPORT, e.g. {flag} 8080:example.com:80, {flag} [::1]:8080:[::1]:80 or {flag} udp:5353:dns.corp:53")
     };
-    let f = fields(s).ok_or_else(err)?;
+    let (transport, spec) = match s.split_once(':') {
+        Some(("udp", rest)) => (Transport::Udp, rest),
+        Some(("tcp", rest)) => (Transport::Tcp, rest),
+        _ => (Transport::Tcp, s),
+    };
+    let f = fields(spec).ok_or_else(err)?;
     let (bind, rest) = match f.len() {
         3 => ("127.0.0.1".to_string(), &f[..]),
         4 => (bind_host(&f[0]), &f[1..]),
@@ -79,6 +103,7 @@ pub fn parse_forward(s: &str, flag: &str) -> Result<ForwardSpec, String> {
         return Err(err());
     }
     Ok(ForwardSpec {
+        transport,
         bind,
         port: p,
         host: rest[1].clone(),
@@ -126,6 +151,7 @@ mod tests {
         assert_eq!(
             f,
             ForwardSpec {
+                transport: Transport::Tcp,
                 bind: "127.0.0.1".into(),
                 port: 4450,
                 host: "files.corp".into(),
@@ -138,6 +164,14 @@ mod tests {
         assert_eq!(f.bind_addr(), "[::1]:8080");
         let f = parse_forward("*:1:h:2", "-R").unwrap();
         assert_eq!(f.bind, "0.0.0.0");
+        let f = parse_forward("udp:5353:dns.corp:53", "-L").unwrap();
+        assert_eq!(f.transport, Transport::Udp);
+        assert_eq!((f.port, f.dest()), (5353, "udp://dns.corp:53".into()));
+        let f = parse_forward("udp:[::1]:5353:[::1]:53", "-R").unwrap();
+        assert_eq!(
+            (f.bind.as_str(), f.dest()),
+            ("::1", "udp://[::1]:53".into())
+        );
         for bad in [
             "",
             "1:2",
@@ -146,6 +180,8 @@ mod tests {
             "1:h:99999",
             "[::1:1:h:2",
             "a:b:c:d:e",
+            "udp:",
+            "udp:1:h",
         ] {
             let e = parse_forward(bad, "-L").unwrap_err();
             assert!(e.starts_with("invalid -L"), "{e}");

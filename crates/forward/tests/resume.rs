@@ -185,6 +185,7 @@ async fn a_reverse_forward_serves_a_connection_made_during_the_outage() {
     let relay = Relay::start(server).await;
     let mut cfg = client_config(relay.addr);
     cfg.remote = vec![longhaul_forward::spec::ForwardSpec {
+        transport: longhaul_forward::spec::Transport::Tcp,
         bind: "127.0.0.1".into(),
         port,
         host: "127.0.0.1".into(),

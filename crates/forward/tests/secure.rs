@@ -242,6 +242,7 @@ async fn a_keys_rules_narrow_what_it_may_reach_and_bind() {
 
     // Reverse binds: the key's port works, another does not.
     let spec = |port: u16| ForwardSpec {
+        transport: longhaul_forward::spec::Transport::Tcp,
         bind: "127.0.0.1".into(),
         port,
         host: allowed.ip().to_string(),

@@ -202,6 +202,7 @@ async fn reverse_forward_reaches_back_to_the_client_side() {
     .await;
     let mut cfg = client_config(server);
     cfg.remote = vec![ForwardSpec {
+        transport: longhaul_forward::spec::Transport::Tcp,
         bind: "127.0.0.1".into(),
         port: free,
         host: "127.0.0.1".into(),
@@ -218,6 +219,7 @@ async fn reverse_forward_reaches_back_to_the_client_side() {
     // A port the server's rules do not allow is refused, and start fails.
     let mut cfg = client_config(server);
     cfg.remote = vec![ForwardSpec {
+        transport: longhaul_forward::spec::Transport::Tcp,
         bind: "127.0.0.1".into(),
         port: free.wrapping_add(1).max(1),
         host: "127.0.0.1".into(),

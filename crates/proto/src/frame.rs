@@ -15,6 +15,8 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+pub use crate::dest::{format_dest, format_target, parse_dest, parse_target, Transport};
+
 /// Size of the common header.
 pub const HEADER_LEN: usize = 4;
 /// Largest message the 16-bit size field can describe.
@@ -44,6 +46,9 @@ pub const T_GOODBYE: u8 = 116;
 /// Link layer, striped sessions only: `len` bytes of the sequenced frame
 /// stream, starting at byte `offset`, follow this header on the lane.
 pub const T_CHUNK: u8 = 117;
+/// One datagram of a UDP flow (a stream opened to `udp://host:port`):
+/// delivered whole or not at all, outside the stream's window.
+pub const T_DATAGRAM: u8 = 118;
 
 /// Why an OPEN (or a BIND) failed. The values are JMUX's, which are SOCKS5's
 /// reply codes, so a SOCKS5 front end can pass them straight through.
@@ -166,6 +171,12 @@ pub enum Frame {
         offset: u64,
         len: u32,
     },
+    /// One datagram for flow `recipient`; never split, never flow
+    /// controlled (dropped instead when it cannot be queued).
+    Datagram {
+        recipient: u32,
+        payload: Bytes,
+    },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -202,6 +213,7 @@ impl Frame {
             Frame::Ack { .. } => T_ACK,
             Frame::Goodbye => T_GOODBYE,
             Frame::Chunk { .. } => T_CHUNK,
+            Frame::Datagram { .. } => T_DATAGRAM,
         }
     }
 
@@ -216,7 +228,7 @@ impl Frame {
             Frame::OpenSuccess { .. } => 14,
             Frame::OpenFailure { description, .. } => 8 + description.len(),
             Frame::WindowAdjust { .. } => 8,
-            Frame::Data { payload, .. } => 4 + payload.len(),
+            Frame::Data { payload, .. } | Frame::Datagram { payload, .. } => 4 + payload.len(),
             Frame::Eof { .. } | Frame::Close { .. } => 4,
             Frame::Ping { .. } | Frame::Pong { .. } => 8,
             Frame::Bind { bind, dest, .. } => 4 + 2 + bind.len() + dest.len(),
@@ -282,7 +294,7 @@ impl Frame {
                 dst.put_u32(*recipient);
                 dst.put_u32(*increment);
             }
-            Frame::Data { recipient, payload } => {
+            Frame::Data { recipient, payload } | Frame::Datagram { recipient, payload } => {
                 dst.put_u32(*recipient);
                 dst.put_slice(payload);
             }
@@ -332,9 +344,18 @@ impl Frame {
 /// Writes a DATA header for a payload of `payload_len` bytes, so a payload
 /// read straight from a socket can go out behind it without another copy.
 pub fn write_data_header(dst: &mut [u8; DATA_HEADER_LEN], recipient: u32, payload_len: usize) {
-    debug_assert!(payload_len <= MAX_DATA_PAYLOAD);
-    let total = (DATA_HEADER_LEN + payload_len) as u16;
-    dst[0] = T_DATA;
+    write_payload_header(dst, T_DATA, recipient, payload_len);
+}
+
+/// Writes a DATAGRAM header (same layout as DATA's).
+pub fn write_datagram_header(dst: &mut [u8; DATA_HEADER_LEN], recipient: u32, payload_len: usize) {
+    write_payload_header(dst, T_DATAGRAM, recipient, payload_len);
+}
+
+fn write_payload_header(dst: &mut [u8; DATA_HEADER_LEN], ty: u8, recipient: u32, len: usize) {
+    debug_assert!(len <= MAX_DATA_PAYLOAD);
+    let total = (DATA_HEADER_LEN + len) as u16;
+    dst[0] = ty;
     dst[1..3].copy_from_slice(&total.to_be_bytes());
     dst[3] = 0;
     dst[4..8].copy_from_slice(&recipient.to_be_bytes());
@@ -378,8 +399,8 @@ pub fn decode(buf: &mut BytesMut, limits: DecodeLimits) -> Result<Option<Frame>,
             limit: limits.max_frame,
         });
     }
-    let known =
-        (T_OPEN..=T_CLOSE).contains(&ty) || (limits.extensions && (T_PING..=T_CHUNK).contains(&ty));
+    let known = (T_OPEN..=T_CLOSE).contains(&ty)
+        || (limits.extensions && (T_PING..=T_DATAGRAM).contains(&ty));
     if !known {
         return Err(FrameError::UnknownType(ty));
     }
@@ -455,6 +476,14 @@ fn decode_body(ty: u8, mut b: Bytes) -> Result<Frame, FrameError> {
                 payload: b,
             }
         }
+        T_DATAGRAM => {
+            need(&b, 4, "DATAGRAM")?;
+            let recipient = b.get_u32();
+            Frame::Datagram {
+                recipient,
+                payload: b,
+            }
+        }
         T_EOF => {
             need(&b, 4, "EOF")?;
             Frame::Eof {
@@ -521,30 +550,6 @@ fn decode_body(ty: u8, mut b: Bytes) -> Result<Frame, FrameError> {
         other => return Err(FrameError::UnknownType(other)),
     };
     Ok(f)
-}
-
-/// Parses a JMUX destination URL `tcp://host:port` (IPv6 hosts in brackets).
-pub fn parse_dest(url: &str) -> Option<(String, u16)> {
-    let rest = url.strip_prefix("tcp://")?;
-    let (host, port) = rest.rsplit_once(':')?;
-    let port: u16 = port.parse().ok()?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if host.is_empty() {
-        return None;
-    }
-    Some((host.to_owned(), port))
-}
-
-/// Formats a destination URL, bracketing IPv6 literals.
-pub fn format_dest(host: &str, port: u16) -> String {
-    if host.contains(':') {
-        format!("tcp://[{host}]:{port}")
-    } else {
-        format!("tcp://{host}:{port}")
-    }
 }
 
 #[cfg(test)]

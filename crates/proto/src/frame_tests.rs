@@ -107,6 +107,30 @@ fn dest_urls() {
     assert_eq!(parse_dest("udp://a.b:1"), None);
     assert_eq!(parse_dest("tcp://:1"), None);
     assert_eq!(format_dest("::1", 5), "tcp://[::1]:5");
+    assert_eq!(
+        parse_target("udp://[::1]:53"),
+        Some((Transport::Udp, "::1".to_string(), 53))
+    );
+    assert_eq!(parse_target("sctp://a:1"), None);
+    assert_eq!(format_target(Transport::Udp, "a.b", 53), "udp://a.b:53");
+}
+
+#[test]
+fn datagrams_keep_their_bytes_and_need_extensions() {
+    let f = Frame::Datagram {
+        recipient: 3,
+        payload: Bytes::from_static(b"\x00dns query"),
+    };
+    roundtrip(f.clone());
+    let mut b = BytesMut::from(&f.to_bytes().unwrap()[..]);
+    let jmux = DecodeLimits {
+        max_frame: MAX_FRAME_LEN,
+        extensions: false,
+    };
+    assert_eq!(
+        decode(&mut b, jmux),
+        Err(FrameError::UnknownType(T_DATAGRAM))
+    );
 }
 
 fn any_string() -> impl Strategy<Value = String> {
@@ -150,6 +174,14 @@ pub(crate) fn any_frame() -> impl Strategy<Value = Frame> {
             proptest::collection::vec(any::<u8>(), 0..2000)
         )
             .prop_map(|(recipient, p)| Frame::Data {
+                recipient,
+                payload: p.into()
+            }),
+        (
+            any::<u32>(),
+            proptest::collection::vec(any::<u8>(), 0..2000)
+        )
+            .prop_map(|(recipient, p)| Frame::Datagram {
                 recipient,
                 payload: p.into()
             }),

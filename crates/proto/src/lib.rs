@@ -33,6 +33,7 @@
 #![forbid(unsafe_code)]
 
 pub mod connection;
+pub mod dest;
 pub mod drr;
 pub mod frame;
 pub mod handshake;

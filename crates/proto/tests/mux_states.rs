@@ -17,6 +17,7 @@ enum Op {
     Peer(Frame),
     Open,
     Send(u32, usize),
+    SendDatagram(u32, usize),
     SendEof(u32),
     Delivered(u32, usize),
     EofDelivered(u32),
@@ -39,6 +40,10 @@ fn frame() -> impl Strategy<Value = Frame> {
         (id.clone(), any::<u32>()).prop_map(|(recipient, increment)| Frame::WindowAdjust {
             recipient,
             increment,
+        }),
+        (id.clone(), 0usize..3000).prop_map(|(recipient, n)| Frame::Datagram {
+            recipient,
+            payload: Bytes::from(vec![9u8; n]),
         }),
         id.clone().prop_map(|recipient| Frame::Eof { recipient }),
         id.clone().prop_map(|recipient| Frame::Close { recipient }),
@@ -73,6 +78,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => frame().prop_map(Op::Peer),
         1 => Just(Op::Open),
         1 => (id.clone(), 0usize..5000).prop_map(|(i, n)| Op::Send(i, n)),
+        1 => (id.clone(), 0usize..70_000).prop_map(|(i, n)| Op::SendDatagram(i, n)),
         1 => id.clone().prop_map(Op::SendEof),
         1 => (id.clone(), 0usize..5000).prop_map(|(i, n)| Op::Delivered(i, n)),
         1 => id.clone().prop_map(Op::EofDelivered),
@@ -140,6 +146,9 @@ proptest! {
                     if let Some(room) = m.send_room(id) {
                         m.send(id, Bytes::from(vec![1u8; n.min(room)]));
                     }
+                }
+                Op::SendDatagram(id, n) => {
+                    let _ = m.send_datagram(id, Bytes::from(vec![2u8; n]));
                 }
                 Op::SendEof(id) => m.send_eof(id),
                 Op::Delivered(id, n) => m.delivered(id, n, now),

@@ -6,6 +6,7 @@ use std::time::Duration;
 use longhaul_carrier::Carrier;
 
 use crate::config::{OpenRefused, Role, SessionConfig, SessionError, SessionStats};
+use crate::flow::{DatagramSink, Flow};
 use crate::local::LocalStream;
 use crate::resume::{Resumables, Served};
 use crate::runtime::{Acceptor, SessionHandle, Shared};
@@ -28,6 +29,23 @@ impl Opened {
 
     pub fn id(&self) -> u32 {
         self.id
+    }
+
+    /// Makes the stream (opened to `udp://…`) a UDP flow: the peer's
+    /// datagrams go to `sink`; `None` if it already ended.
+    pub fn into_flow(mut self, sink: Arc<dyn DatagramSink>) -> Option<Flow> {
+        self.attached = true;
+        let flow = Flow {
+            shared: self.shared.clone(),
+            id: self.id,
+        };
+        if self.shared.attach_flow(self.id, sink) {
+            Some(flow)
+        } else {
+            // Dropping it closes what is left of the stream.
+            drop(flow);
+            None
+        }
     }
 }
 

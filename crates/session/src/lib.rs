@@ -48,6 +48,7 @@
 
 mod config;
 mod driver;
+mod flow;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod handle;
@@ -75,9 +76,11 @@ mod writer;
 pub use config::{
     BoxFuture, Mode, OpenRefused, Role, SessionConfig, SessionError, SessionStats, StreamStats,
 };
+pub use flow::{DatagramSink, Flow, DELIVERY_DROPS, MAX_DATAGRAM};
 pub use handle::{Opened, Session};
 pub use link::auto_replay_limit;
 pub use local::LocalStream;
+pub use longhaul_proto::mux::Dropped;
 pub use longhaul_proto::stripe::MAX_LANES;
 pub use pipe::{PumpEnd, ServicePipe, PIPE_QUEUE};
 pub use resume::{Resumables, Served};

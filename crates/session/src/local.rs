@@ -17,6 +17,8 @@ pub enum LocalStream {
     Tcp(TcpStream),
     Unix(UnixStream),
     Service(crate::pipe::PumpEnd),
+    /// A UDP socket `connect`ed to a flow's destination.
+    Udp(tokio::net::UdpSocket),
 }
 
 impl From<TcpStream> for LocalStream {

@@ -15,6 +15,7 @@ use tokio::sync::{oneshot, watch, Notify};
 
 use crate::config::{BoxFuture, OpenRefused, SessionConfig};
 use crate::driver::{AbortHandle, Driver, Task};
+use crate::flow::DatagramSink;
 use crate::local::LocalStream;
 use crate::stream_io::StreamIo;
 use crate::tasks::CarrierSlot;
@@ -68,6 +69,8 @@ pub(crate) struct StreamRt {
     pub local: Option<String>,
     /// Where its local socket is.
     pub socket: Socket,
+    /// A UDP flow: where the peer's datagrams go.
+    pub flow: Option<Arc<dyn DatagramSink>>,
 }
 
 /// A stream's local socket, as far as its pumps go.
@@ -96,7 +99,7 @@ pub(crate) enum Work {
 pub(crate) struct State {
     /// The protocol: multiplexer and link layer.
     conn: Connection,
-    streams: HashMap<u32, StreamRt>,
+    pub(crate) streams: HashMap<u32, StreamRt>,
     /// Openers waiting for the peer's answer.
     opens: HashMap<u32, OpenReply>,
     binds: HashMap<u32, BindReply>,
@@ -195,7 +198,7 @@ impl Shared {
         self.driver.spawn(fut)
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         // A poisoned lock means a task panicked mid-update; the state may be
         // inconsistent, but closing cleanly still needs it.
         self.st.lock().unwrap_or_else(|p| p.into_inner())
@@ -246,6 +249,9 @@ impl Shared {
                 if let Some(a) = s.uplink {
                     a.abort();
                 }
+                if let Some(sink) = s.flow {
+                    sink.finished();
+                }
                 s.io.up.notify_one();
                 s.io.abort_inbox();
             }
@@ -295,6 +301,11 @@ impl Shared {
                     if let Some(a) = s.uplink {
                         a.abort();
                     }
+                    if let Some(sink) = s.flow {
+                        // A flow has no socket of its own to drain.
+                        sink.finished();
+                        return;
+                    }
                     s.io.up.notify_one();
                     if st.conn.mux_mut().dead().is_some() {
                         s.io.abort_inbox();
@@ -310,6 +321,11 @@ impl Shared {
                             _ => {}
                         }
                     }
+                }
+            }
+            Event::Datagram { id, payload } => {
+                if let Some(sink) = st.streams.get(&id).and_then(|s| s.flow.as_ref()) {
+                    sink.deliver(payload);
                 }
             }
             Event::Writable { id } => {
@@ -418,6 +434,7 @@ impl Shared {
                 since: Instant::now(),
                 local: None,
                 socket: Socket::NotYet,
+                flow: None,
             },
         );
         self.dispatch(&mut st);
@@ -470,6 +487,7 @@ impl Shared {
                     since: Instant::now(),
                     local: None,
                     socket: Socket::NotYet,
+                    flow: None,
                 },
             );
             (id, io)

@@ -30,12 +30,16 @@ const SHORT_READ_SHARE: usize = 4;
 
 /// Starts relaying between stream `id` and `sock`: its two pumps.
 pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
+    let sock = match sock {
+        LocalStream::Udp(sock) => return crate::flow::spawn_connected(shared, id, sock),
+        other => other,
+    };
     let Some(io) = shared.pumps_io(id) else {
         return;
     };
     let local = match &sock {
         LocalStream::Tcp(s) => s.peer_addr().ok().map(|a| a.to_string()),
-        LocalStream::Unix(_) | LocalStream::Service(_) => None,
+        LocalStream::Unix(_) | LocalStream::Service(_) | LocalStream::Udp(_) => None,
     };
     let up = match sock {
         LocalStream::Tcp(sock) => {
@@ -59,6 +63,7 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
             ));
             shared.spawn(crate::pipe_pumps::uplink(shared.clone(), id, io, r))
         }
+        LocalStream::Udp(_) => return,
     };
     shared.set_uplink(id, up.abort_handle(), local);
 }

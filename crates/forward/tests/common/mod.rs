@@ -51,6 +51,7 @@ pub async fn start_server_with(
 
 pub fn fwd(host: &str, port: u16) -> ForwardSpec {
     ForwardSpec {
+        transport: longhaul_forward::spec::Transport::Tcp,
         bind: "127.0.0.1".into(),
         port: 0,
         host: host.into(),

@@ -276,7 +276,7 @@ impl Mux {
 
     /// Whether anything waits to be written.
     pub fn has_output(&self) -> bool {
-        !self.control.is_empty() || !self.data.is_empty()
+        !self.control.is_empty() || !self.data.is_empty() || !self.datagrams.is_empty()
     }
 
     /// Whether a stream that just became active has DATA waiting: the next
@@ -292,8 +292,8 @@ impl Mux {
     }
 
     /// Takes frames to write into `batch`: the whole control lane first,
-    /// then DATA in deficit round-robin order while under `max_bytes` and
-    /// `max_frames`. Returns the bytes taken; streams that were waiting for
+    /// then datagrams, then DATA in deficit round-robin order, while under
+    /// `max_bytes` and `max_frames`. Returns the bytes taken; streams that were waiting for
     /// queue room get [`Event::Writable`].
     pub fn poll_transmit(
         &mut self,
@@ -308,6 +308,13 @@ impl Mux {
             batch.push_back(OutFrame::encoded(f));
         }
         let mut data_bytes = 0;
+        while data_bytes < max_bytes && batch.len() < max_frames {
+            let Some(f) = self.datagrams.pop() else {
+                break;
+            };
+            data_bytes += f.remaining();
+            batch.push_back(f);
+        }
         while data_bytes < max_bytes && batch.len() < max_frames {
             let Some((id, f)) = self.data.pop() else {
                 break;

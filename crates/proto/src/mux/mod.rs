@@ -12,6 +12,7 @@
 //!
 //! Time is the caller's clock in nanoseconds since the session started.
 
+mod datagram;
 mod local;
 mod rules;
 pub mod stream;
@@ -26,6 +27,7 @@ use crate::drr::Drr;
 use crate::frame::{Frame, Reason, DATA_HEADER_LEN, MAX_FRAME_LEN};
 use crate::outframe::OutFrame;
 use crate::window::{Budget, RecvWindow, SendCredit, WindowConfig};
+pub use datagram::{DatagramStats, Dropped, DATAGRAM_QUEUE};
 pub use stream::Phase;
 
 /// Smallest window granted to a new stream when the budget is spent.
@@ -135,6 +137,8 @@ pub enum Event {
         request: u32,
         result: Result<u16, Refused>,
     },
+    /// One datagram for flow `id`'s local socket (see `datagram`).
+    Datagram { id: u32, payload: Bytes },
     /// Nothing heard for `dead_after` on a resumable session: drop the
     /// carrier and resume on a new one ([`Mux::set_attached`]).
     CarrierSilent { silent: Duration },
@@ -198,6 +202,7 @@ pub struct Mux {
     control: VecDeque<Bytes>,
     control_bytes: usize,
     data: Drr<OutFrame>,
+    datagrams: datagram::Datagrams,
     streams: HashMap<u32, Stream>,
     /// Closed streams whose local socket is still open (its last bytes on
     /// their way, or a reset waiting for them to be taken): their receive
@@ -246,6 +251,7 @@ impl Mux {
             control: VecDeque::new(),
             control_bytes: 0,
             data: Drr::new(MAX_FRAME_LEN),
+            datagrams: datagram::Datagrams::default(),
             streams: HashMap::new(),
             draining: HashMap::new(),
             expired: HashMap::new(),
@@ -322,6 +328,7 @@ impl Mux {
         self.control.clear();
         self.control_bytes = 0;
         self.data = Drr::new(MAX_FRAME_LEN);
+        self.datagrams.clear();
     }
 
     /// Ends the session politely: CLOSE for every open stream, new OPENs
@@ -500,6 +507,7 @@ impl Mux {
         };
         s.phase = Phase::CloseSent;
         s.discarded |= discard;
+        self.datagrams.forget(id);
         let remote = s.remote;
         // jetsocat never resets a local socket; in JMUX mode neither do we.
         let reset = reset && !self.cfg.jmux;

@@ -64,6 +64,7 @@ impl Mux {
 
     fn apply(&mut self, f: Frame, now: u64) -> Result<(), Violation> {
         match f {
+            Frame::Datagram { recipient, payload } => self.on_datagram(recipient, payload),
             Frame::Data { recipient, payload } => {
                 if self.check(recipient, StreamFrame::Data, "DATA")?.is_none() {
                     return Ok(());

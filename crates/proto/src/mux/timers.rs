@@ -27,6 +27,9 @@ impl Mux {
             // Answers to PINGs sent on the old carrier would time the outage.
             self.pings.clear();
             self.silent_reported = false;
+        } else {
+            // Stale by the time a carrier comes back: dropped, not kept.
+            self.datagrams.drop_all();
         }
     }
 

@@ -1,0 +1,265 @@
+//! UDP forwards (`-L udp:`, `-R udp:`): one listening socket, one flow
+//! through the session per source address.
+//!
+//! A source's first datagram opens a flow to the destination (the far
+//! side checks its rules and answers with a socket `connect`ed there);
+//! what it sends meanwhile waits in a small queue. Answers go back to the
+//! source they belong to. A flow ends after [`FLOW_IDLE`] without a
+//! datagram either way, or [`FLOW_IDLE_ANSWERED`] once the destination
+//! has answered (conntrack's UDP timeouts), when the session ends, or when
+//! the far side closes it. A refused destination is not asked again for
+//! [`REFUSED_HOLD`]: its datagrams are dropped meanwhile, with a
+//! throttled log line.
+//!
+//! Bounds: [`MAX_FLOWS`] flows per listener (and the session's stream
+//! limit), [`OPENING_QUEUE`] datagrams (at most [`OPENING_BYTES`]) per
+//! flow while it opens, one 64 KiB receive buffer per listener; datagrams
+//! on their way are bounded by the session (see `longhaul_proto::mux`).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use longhaul_session::logs::{escaped, shown, Throttle};
+use longhaul_session::{DatagramSink, Flow, SessionHandle, MAX_DATAGRAM};
+use tokio::net::UdpSocket;
+
+/// A flow nobody has answered ends after this long without a datagram.
+pub const FLOW_IDLE: Duration = Duration::from_secs(30);
+/// A flow the destination has answered ends after this long idle.
+pub const FLOW_IDLE_ANSWERED: Duration = Duration::from_secs(120);
+/// Flows one listener keeps at once; a new source past it is dropped.
+pub const MAX_FLOWS: usize = 4096;
+/// Datagrams a flow keeps while its open is on the way.
+pub const OPENING_QUEUE: usize = 16;
+/// … and their bytes.
+pub const OPENING_BYTES: usize = 64 * 1024;
+/// How long a refused destination is not asked again.
+pub const REFUSED_HOLD: Duration = Duration::from_secs(5);
+/// How often idle flows are looked for.
+const SWEEP: Duration = Duration::from_secs(1);
+
+/// Datagrams dropped at listeners, logged at most every few seconds.
+static DROPS: Throttle = Throttle::new();
+/// Refused flows, likewise.
+static REFUSED: Throttle = Throttle::new();
+
+/// Where a flow's answers go: its source, through the listener's socket.
+struct Source {
+    sock: Arc<UdpSocket>,
+    to: SocketAddr,
+    /// Milliseconds since the listener started, at the last datagram.
+    last: AtomicU64,
+    answered: AtomicBool,
+    ended: AtomicBool,
+    start: Instant,
+}
+
+impl Source {
+    fn touch(&self) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        self.last.store(ms, Ordering::Relaxed);
+    }
+
+    fn idle(&self) -> Duration {
+        let since = self.start.elapsed().as_millis() as u64;
+        Duration::from_millis(since.saturating_sub(self.last.load(Ordering::Relaxed)))
+    }
+}
+
+impl DatagramSink for Source {
+    fn deliver(&self, payload: Bytes) {
+        self.answered.store(true, Ordering::Relaxed);
+        self.touch();
+        // A full socket buffer: lost, as on the network.
+        let _ = self.sock.try_send_to(&payload, self.to);
+    }
+
+    fn finished(&self) {
+        self.ended.store(true, Ordering::Relaxed);
+    }
+}
+
+enum State {
+    Opening { queued: Vec<Bytes>, bytes: usize },
+    Open(Arc<Flow>),
+    Refused { until: Instant },
+}
+
+struct Entry {
+    state: State,
+    source: Arc<Source>,
+}
+
+type Table = Arc<Mutex<HashMap<SocketAddr, Entry>>>;
+
+/// A UDP socket bound to `addr` (a listener), for the runtime.
+pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    let s = std::net::UdpSocket::bind(addr)?;
+    s.set_nonblocking(true)?;
+    UdpSocket::from_std(s)
+}
+
+/// Serves one UDP listener until `stop` resolves: flows to `dest`
+/// (`udp://host:port`) on the session `session()` gives (none: the
+/// datagram is dropped).
+pub(crate) async fn serve(
+    sock: UdpSocket,
+    dest: String,
+    session: impl Fn() -> Option<SessionHandle> + Send + 'static,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let sock = Arc::new(sock);
+    let table: Table = Arc::default();
+    let start = Instant::now();
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut sweep = tokio::time::interval(SWEEP);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            r = sock.recv_from(&mut buf) => {
+                // Errors are ICMP reports for earlier answers: nothing to do.
+                if let Ok((n, from)) = r {
+                    let payload = Bytes::copy_from_slice(&buf[..n]);
+                    let source = || Arc::new(Source {
+                        sock: sock.clone(),
+                        to: from,
+                        last: AtomicU64::new(0),
+                        answered: AtomicBool::new(false),
+                        ended: AtomicBool::new(false),
+                        start,
+                    });
+                    on_datagram(&table, &dest, from, source, payload, &session);
+                }
+            }
+            _ = sweep.tick() => expire(&table),
+            _ = &mut stop => return,
+        }
+    }
+}
+
+/// Counts a dropped datagram (throttled log line).
+fn dropped(dest: &str, why: &str) {
+    if DROPS.pass("dropped UDP datagrams") {
+        tracing::info!(dest = %shown(dest), "dropped a datagram: {why}");
+    }
+}
+
+/// One datagram from `from`: into its flow, or opening one (`source`
+/// makes its entry).
+fn on_datagram(
+    table: &Table,
+    dest: &str,
+    from: SocketAddr,
+    source: impl FnOnce() -> Arc<Source>,
+    payload: Bytes,
+    session: &impl Fn() -> Option<SessionHandle>,
+) {
+    let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(e) = t.get_mut(&from) {
+        if !e.source.ended.load(Ordering::Relaxed) {
+            match &mut e.state {
+                State::Open(flow) => {
+                    e.source.touch();
+                    if let Err(why) = flow.send(payload) {
+                        dropped(dest, &format!("{why:?}"));
+                    }
+                    return;
+                }
+                State::Opening { queued, bytes } => {
+                    if queued.len() < OPENING_QUEUE && *bytes + payload.len() <= OPENING_BYTES {
+                        e.source.touch();
+                        *bytes += payload.len();
+                        queued.push(payload);
+                    } else {
+                        dropped(dest, "its flow is still opening");
+                    }
+                    return;
+                }
+                State::Refused { until } if Instant::now() < *until => {
+                    return dropped(dest, "the destination was refused");
+                }
+                State::Refused { .. } => {}
+            }
+        }
+        // Ended or refused long enough ago: a new flow.
+        t.remove(&from);
+    }
+    if t.len() >= MAX_FLOWS {
+        return dropped(dest, "too many flows on this listener");
+    }
+    let Some(session) = session() else {
+        return dropped(dest, "no session");
+    };
+    let new = source();
+    new.touch();
+    t.insert(
+        from,
+        Entry {
+            state: State::Opening {
+                bytes: payload.len(),
+                queued: vec![payload],
+            },
+            source: new.clone(),
+        },
+    );
+    drop(t);
+    let (table, dest) = (table.clone(), dest.to_owned());
+    tokio::spawn(async move {
+        let opened = session.open(&dest).await;
+        let flow = match opened {
+            Ok(o) => o.into_flow(new.clone()).map(Arc::new),
+            Err(e) => {
+                if REFUSED.pass("refused UDP flows") {
+                    let (dest, why) = (shown(&dest), escaped(&e));
+                    tracing::info!(%from, %dest, "UDP flow refused: {why}");
+                }
+                None
+            }
+        };
+        let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+        // Still the entry this task opens for (not expired meanwhile)?
+        let Some(e) = t.get_mut(&from).filter(|e| Arc::ptr_eq(&e.source, &new)) else {
+            return;
+        };
+        let Some(flow) = flow else {
+            e.state = State::Refused {
+                until: Instant::now() + REFUSED_HOLD,
+            };
+            return;
+        };
+        let queued = match std::mem::replace(&mut e.state, State::Open(flow.clone())) {
+            State::Opening { queued, .. } => queued,
+            _ => Vec::new(),
+        };
+        for d in queued {
+            if let Err(why) = flow.send(d) {
+                dropped(&dest, &format!("{why:?}"));
+            }
+        }
+    });
+}
+
+/// Ends flows idle past their timeout, or over at the far side, and
+/// forgets refusals that are old enough.
+fn expire(table: &Table) {
+    let now = Instant::now();
+    let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+    t.retain(|_, e| {
+        let s = &e.source;
+        let limit = if s.answered.load(Ordering::Relaxed) {
+            FLOW_IDLE_ANSWERED
+        } else {
+            FLOW_IDLE
+        };
+        match e.state {
+            State::Refused { until } => now < until,
+            // An open that takes longer than the idle limit: the session's
+            // open timeout ends it first; the entry goes with it.
+            _ => !s.ended.load(Ordering::Relaxed) && s.idle() < limit,
+        }
+    });
+}

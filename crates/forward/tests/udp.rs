@@ -1,0 +1,197 @@
+//! UDP forwards over real sockets: datagrams keep their boundaries, each
+//! source gets its own answers, the rules refuse what they do not allow,
+//! `-R udp:` reaches back, and JMUX mode refuses UDP with one line.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use longhaul_forward::rules::{BindRules, Rules};
+use longhaul_forward::spec::{parse_forward, ForwardSpec};
+use longhaul_forward::Client;
+use tokio::net::UdpSocket;
+
+fn allow(rules: &[&str]) -> Rules {
+    Rules::new(rules.iter().map(|r| r.parse().unwrap()).collect(), false)
+}
+
+/// A UDP service that answers each datagram with its SHA-256 and then the
+/// datagram itself (so a reply proves which datagram it answers, whole);
+/// counts what it got.
+async fn udp_echo() -> (SocketAddr, Arc<AtomicU64>) {
+    let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = s.local_addr().unwrap();
+    let got = Arc::new(AtomicU64::new(0));
+    let count = got.clone();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_535];
+        loop {
+            let Ok((n, from)) = s.recv_from(&mut buf).await else {
+                continue;
+            };
+            count.fetch_add(1, Ordering::Relaxed);
+            let mut reply = sha(&buf[..n]).to_vec();
+            // Room for the hash: the largest datagrams are answered with it alone.
+            if n + 32 <= 65_507 {
+                reply.extend_from_slice(&buf[..n]);
+            }
+            let _ = s.send_to(&reply, from).await;
+        }
+    });
+    (addr, got)
+}
+
+fn udp_fwd(spec: &str, flag: &str) -> ForwardSpec {
+    parse_forward(spec, flag).unwrap()
+}
+
+/// Sends `d` from `s` to `to` and waits for its answer (retrying a few
+/// times: UDP may drop, even on loopback, while a flow opens).
+async fn ask(s: &UdpSocket, to: SocketAddr, d: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0u8; 65_535];
+    for _ in 0..5 {
+        s.send_to(d, to).await.unwrap();
+        if let Ok(Ok((n, _))) =
+            tokio::time::timeout(Duration::from_secs(2), s.recv_from(&mut buf)).await
+        {
+            return buf[..n].to_vec();
+        }
+    }
+    panic!("no answer through the UDP forward");
+}
+
+fn check_answer(d: &[u8], answer: &[u8]) {
+    assert_eq!(&answer[..32], &sha(d)[..], "an answer to another datagram");
+    if d.len() + 32 <= 65_507 {
+        assert_eq!(&answer[32..], d, "datagram changed on its way");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datagrams_cross_a_udp_forward_whole_and_answers_go_to_their_source() {
+    let (echo, _) = udp_echo().await;
+    let server = start_server(
+        allow(&[&format!("udp:127.0.0.1:{}", echo.port())]),
+        BindRules::default(),
+    )
+    .await;
+    let mut cfg = client_config(server);
+    cfg.local = vec![udp_fwd(&format!("udp:0:127.0.0.1:{}", echo.port()), "-L")];
+    let client = Client::start(cfg).await.unwrap();
+    let fwd = client.local_addrs[0];
+    // Three sources, each its own flow; sizes from empty to the largest
+    // datagram IPv4 carries.
+    let sources = [
+        UdpSocket::bind("127.0.0.1:0").await.unwrap(),
+        UdpSocket::bind("127.0.0.1:0").await.unwrap(),
+        UdpSocket::bind("127.0.0.1:0").await.unwrap(),
+    ];
+    for (i, size) in [0usize, 1, 512, 1400, 9000, 65_507].into_iter().enumerate() {
+        for (k, s) in sources.iter().enumerate() {
+            let d = random_bytes(size.saturating_sub(k));
+            let answer = within(20, ask(s, fwd, &d)).await;
+            check_answer(&d, &answer);
+            assert!(i < 6);
+        }
+    }
+    // Many at once from one source, answered in any order but every one
+    // whole.
+    let s = &sources[0];
+    let mut sent = std::collections::HashSet::new();
+    for _ in 0..50 {
+        let d = random_bytes(200);
+        s.send_to(&d, fwd).await.unwrap();
+        sent.insert(sha(&d));
+    }
+    let mut buf = vec![0u8; 65_535];
+    let mut answered = 0;
+    while let Ok(Ok((n, _))) =
+        tokio::time::timeout(Duration::from_secs(2), s.recv_from(&mut buf)).await
+    {
+        let hash: [u8; 32] = buf[..32].try_into().unwrap();
+        assert!(sent.contains(&hash), "an answer to nothing sent");
+        assert_eq!(sha(&buf[32..n]), hash);
+        answered += 1;
+        if answered == sent.len() {
+            break;
+        }
+    }
+    // Loopback drops nothing at this rate.
+    assert_eq!(answered, sent.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rules_refuse_a_udp_destination_they_do_not_allow() {
+    logs();
+    let (echo, got) = udp_echo().await;
+    // TCP to the same port is allowed, and UDP to another: neither lets
+    // this flow through.
+    let server = start_server(
+        allow(&[
+            &format!("127.0.0.1:{}", echo.port()),
+            &format!("udp:127.0.0.1:{}", echo.port().wrapping_add(1)),
+        ]),
+        BindRules::default(),
+    )
+    .await;
+    let mut cfg = client_config(server);
+    cfg.local = vec![udp_fwd(&format!("udp:0:127.0.0.1:{}", echo.port()), "-L")];
+    let client = Client::start(cfg).await.unwrap();
+    let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut buf = [0u8; 100];
+    for _ in 0..3 {
+        s.send_to(b"let me in", client.local_addrs[0])
+            .await
+            .unwrap();
+        let r = tokio::time::timeout(Duration::from_millis(700), s.recv_from(&mut buf)).await;
+        assert!(r.is_err(), "a refused flow was answered");
+    }
+    assert_eq!(got.load(Ordering::Relaxed), 0, "the target got a datagram");
+    // The refusal is logged, once for a while.
+    wait_log("UDP flow refused").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reverse_udp_forward_reaches_back_to_the_client_side() {
+    let (echo, _) = udp_echo().await;
+    let port = {
+        let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        s.local_addr().unwrap().port()
+    };
+    let server = start_server(
+        Rules::default(),
+        BindRules::new(vec![port.to_string().parse().unwrap()], false),
+    )
+    .await;
+    let mut cfg = client_config(server);
+    cfg.remote = vec![udp_fwd(
+        &format!("udp:{port}:127.0.0.1:{}", echo.port()),
+        "-R",
+    )];
+    let client = Client::start(cfg).await.unwrap();
+    assert_eq!(client.remote_ports, vec![port]);
+    let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    for size in [1usize, 1200, 30_000] {
+        let d = random_bytes(size);
+        let answer = within(20, ask(&s, ([127, 0, 0, 1], port).into(), &d)).await;
+        check_answer(&d, &answer);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jmux_mode_refuses_udp_forwards_with_one_line() {
+    let server = start_server(Rules::default(), BindRules::default()).await;
+    let mut cfg = client_config(server);
+    cfg.session.mode = longhaul_session::Mode::Jmux;
+    cfg.local = vec![udp_fwd("udp:0:127.0.0.1:53", "-L")];
+    let err = Client::start(cfg).await.err().expect("refused");
+    let e = err.to_string();
+    assert!(
+        e.contains("UDP") && e.contains("--jmux") && !e.contains('\n'),
+        "{e}"
+    );
+}

@@ -1,0 +1,304 @@
+//! Datagrams of UDP flows.
+//!
+//! A flow is a stream opened to `udp://host:port`: it is opened, answered
+//! and closed like any stream, but what it carries are DATAGRAM frames,
+//! each one whole UDP payload. They are not flow controlled: they never
+//! take or grow a window, and one that cannot be queued is dropped rather
+//! than delaying the others (a late voice packet or DNS answer is worth
+//! less than a lost one). They go out right behind the control lane, ahead
+//! of every stream's DATA, so bulk transfers never hold them up; and they
+//! are dropped, not queued, while no carrier is attached.
+
+use bytes::Bytes;
+
+use super::{Mux, Phase};
+use crate::frame::{write_datagram_header, DATA_HEADER_LEN, MAX_DATA_PAYLOAD};
+use crate::outframe::OutFrame;
+
+/// Bytes of datagrams one session queues for its carrier at most; past it
+/// new datagrams are dropped.
+pub const DATAGRAM_QUEUE: usize = 256 * 1024;
+
+/// Why a datagram was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    /// The flow is not open (closed, closing, or not yet answered), or the
+    /// session is over.
+    NotOpen,
+    /// Longer than a frame can carry.
+    TooLarge,
+    /// The session has no carrier now (waiting for a resume).
+    Detached,
+    /// The session's datagram queue is full ([`DATAGRAM_QUEUE`]).
+    QueueFull,
+}
+
+/// A session's datagram counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DatagramStats {
+    pub sent: u64,
+    pub received: u64,
+    /// Not queued here (see [`Dropped`]).
+    pub dropped: u64,
+}
+
+/// Datagrams waiting for the carrier.
+#[derive(Debug, Default)]
+pub(super) struct Datagrams {
+    /// Each with its flow's id (ours).
+    queue: std::collections::VecDeque<(u32, OutFrame)>,
+    bytes: usize,
+    pub(super) stats: DatagramStats,
+}
+
+impl Datagrams {
+    pub(super) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    pub(super) fn pop(&mut self) -> Option<OutFrame> {
+        let (_, f) = self.queue.pop_front()?;
+        self.bytes -= f.remaining();
+        self.stats.sent += 1;
+        Some(f)
+    }
+
+    /// Drops what flow `id` still has queued (it is closing).
+    pub(super) fn forget(&mut self, id: u32) {
+        let before = self.queue.len();
+        self.queue.retain(|(flow, _)| *flow != id);
+        if self.queue.len() != before {
+            self.bytes = self.queue.iter().map(|(_, f)| f.remaining()).sum();
+        }
+    }
+
+    /// Drops everything queued, counted as dropped.
+    pub(super) fn drop_all(&mut self) {
+        self.stats.dropped += self.queue.len() as u64;
+        self.clear();
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.queue.clear();
+        self.bytes = 0;
+    }
+}
+
+impl Mux {
+    /// Queues one datagram read from flow `id`'s local socket, or drops it
+    /// (counted) and says why.
+    pub fn send_datagram(&mut self, id: u32, payload: Bytes) -> Result<(), Dropped> {
+        let r = self.queue_datagram(id, payload);
+        if r.is_err() {
+            self.datagrams.stats.dropped += 1;
+        }
+        r
+    }
+
+    fn queue_datagram(&mut self, id: u32, payload: Bytes) -> Result<(), Dropped> {
+        if self.dead.is_some() || self.goodbye.is_some() || !self.cfg.extensions {
+            return Err(Dropped::NotOpen);
+        }
+        let s = self.streams.get(&id).ok_or(Dropped::NotOpen)?;
+        if !matches!(s.phase, Phase::Open { .. }) {
+            return Err(Dropped::NotOpen);
+        }
+        if payload.len() > MAX_DATA_PAYLOAD {
+            return Err(Dropped::TooLarge);
+        }
+        if !self.attached {
+            return Err(Dropped::Detached);
+        }
+        let size = DATA_HEADER_LEN + payload.len();
+        if self.datagrams.bytes + size > DATAGRAM_QUEUE {
+            return Err(Dropped::QueueFull);
+        }
+        let mut head = [0u8; DATA_HEADER_LEN];
+        write_datagram_header(&mut head, s.remote, payload.len());
+        self.datagrams.bytes += size;
+        self.datagrams
+            .queue
+            .push_back((id, OutFrame::data(head, payload)));
+        self.new_output = true;
+        Ok(())
+    }
+
+    /// A DATAGRAM from the peer for flow `id`: handed on while the flow is
+    /// open, else dropped (it crossed our CLOSE, or the flow never was).
+    pub(super) fn on_datagram(&mut self, id: u32, payload: Bytes) {
+        let open = self
+            .streams
+            .get(&id)
+            .is_some_and(|s| matches!(s.phase, Phase::Open { .. }));
+        if !open {
+            self.datagrams.stats.dropped += 1;
+            return;
+        }
+        self.datagrams.stats.received += 1;
+        self.bytes_received += payload.len() as u64;
+        self.events
+            .push_back(super::Event::Datagram { id, payload });
+    }
+
+    pub fn datagram_stats(&self) -> DatagramStats {
+        self.datagrams.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::time::Duration;
+
+    use bytes::BytesMut;
+
+    use super::*;
+    use crate::frame::{decode, DecodeLimits, Frame};
+    use crate::mux::{Event, MuxConfig};
+    use crate::window::WindowConfig;
+
+    fn mux() -> Mux {
+        Mux::new(MuxConfig {
+            window: WindowConfig {
+                initial: 4096,
+                max: 65536,
+            },
+            budget: 1 << 20,
+            max_streams: 8,
+            send_queue: 1 << 20,
+            send_total: 1 << 20,
+            control_limit: 1 << 20,
+            keepalive: Duration::from_secs(30),
+            dead_after: Duration::from_secs(3600),
+            open_timeout: Duration::from_secs(5),
+            idle_timeout: None,
+            rtt_floor: Duration::from_millis(1),
+            jmux: false,
+            extensions: true,
+            our_max_packet: 4096,
+            send_max_payload: 4096,
+            resumable: false,
+        })
+    }
+
+    /// Moves everything `from` has to send into `to`.
+    fn pump(from: &mut Mux, to: &mut Mux) -> Vec<Frame> {
+        let mut batch = VecDeque::new();
+        from.poll_transmit(&mut batch, usize::MAX, usize::MAX);
+        let mut wire = BytesMut::new();
+        for f in batch {
+            wire.extend_from_slice(f.head());
+            wire.extend_from_slice(&f.body);
+        }
+        let mut seen = Vec::new();
+        while let Some(f) = decode(&mut wire, DecodeLimits::default()).unwrap() {
+            seen.push(f.clone());
+            to.handle_frame(f, 0).unwrap();
+        }
+        seen
+    }
+
+    /// A flow opened and answered, as both sides see it: (ours, theirs).
+    fn flow(a: &mut Mux, b: &mut Mux) -> (u32, u32) {
+        let id = a.open("udp://dns:53", 0).unwrap();
+        pump(a, b);
+        let open = loop {
+            match b.poll_event() {
+                Some(Event::OpenRequest { open, .. }) => break open,
+                Some(_) => {}
+                None => panic!("no open request"),
+            }
+        };
+        let theirs = b.accept_open(open, 0).unwrap();
+        pump(b, a);
+        while !matches!(a.poll_event(), Some(Event::OpenAnswered { .. })) {}
+        (id, theirs)
+    }
+
+    /// Datagrams arrive whole and go ahead of DATA queued before them; a
+    /// full queue, a detached session, an unopened flow drop them and say
+    /// why; what a closing flow had queued is dropped, and one that crosses
+    /// the CLOSE is no violation.
+    #[test]
+    fn datagrams_arrive_whole_ahead_of_data_and_are_dropped_when_they_cannot_go() {
+        let (mut a, mut b) = (mux(), mux());
+        let (flow_a, flow_b) = flow(&mut a, &mut b);
+        let stream = a.open("tcp://bulk:1", 0).unwrap();
+        pump(&mut a, &mut b);
+        let Some(Event::OpenRequest { open, .. }) = b.poll_event() else {
+            panic!("no open request");
+        };
+        b.accept_open(open, 0).unwrap();
+        pump(&mut b, &mut a);
+        while a.poll_event().is_some() {}
+        a.send(stream, Bytes::from(vec![1u8; 4000]));
+        a.send_datagram(flow_a, Bytes::from_static(b"query"))
+            .unwrap();
+        let seen = pump(&mut a, &mut b);
+        assert!(
+            matches!(&seen[0], Frame::Datagram { payload, .. } if &payload[..] == b"query"),
+            "the datagram leads: {seen:?}"
+        );
+        assert_eq!(
+            b.poll_event(),
+            Some(Event::Datagram {
+                id: flow_b,
+                payload: Bytes::from_static(b"query")
+            })
+        );
+        // Back the other way.
+        b.send_datagram(flow_b, Bytes::from_static(b"answer"))
+            .unwrap();
+        pump(&mut b, &mut a);
+        assert!(matches!(a.poll_event(), Some(Event::Datagram { id, .. }) if id == flow_a));
+
+        // The queue's bound.
+        let big = Bytes::from(vec![0u8; 60_000]);
+        let mut queued = 0;
+        while a.send_datagram(flow_a, big.clone()).is_ok() {
+            queued += 1;
+        }
+        assert_eq!(queued, DATAGRAM_QUEUE / (60_000 + DATA_HEADER_LEN));
+        assert_eq!(
+            a.send_datagram(flow_a, big.clone()),
+            Err(Dropped::QueueFull)
+        );
+        assert_eq!(
+            a.send_datagram(flow_a, Bytes::from(vec![0u8; MAX_DATA_PAYLOAD + 1])),
+            Err(Dropped::TooLarge)
+        );
+        assert_eq!(a.send_datagram(999, big.clone()), Err(Dropped::NotOpen));
+
+        // Closing the flow drops what it had queued; the peer's datagram
+        // crossing our CLOSE is dropped, not a violation.
+        a.abort(flow_a);
+        let seen = pump(&mut a, &mut b);
+        assert!(seen.iter().all(|f| !matches!(f, Frame::Datagram { .. })));
+        assert_eq!(a.send_datagram(flow_a, big.clone()), Err(Dropped::NotOpen));
+        a.handle_frame(
+            Frame::Datagram {
+                recipient: flow_a,
+                payload: Bytes::from_static(b"late"),
+            },
+            0,
+        )
+        .unwrap();
+        assert!(a.dead().is_none());
+
+        // Detached: dropped at once, and what was queued is dropped too.
+        let (flow_a, _) = flow(&mut a, &mut b);
+        a.send_datagram(flow_a, Bytes::from_static(b"x")).unwrap();
+        a.set_attached(false, 0);
+        assert_eq!(
+            a.send_datagram(flow_a, Bytes::from_static(b"y")),
+            Err(Dropped::Detached)
+        );
+        assert!(
+            !a.has_output()
+                || pump(&mut a, &mut b)
+                    .iter()
+                    .all(|f| !matches!(f, Frame::Datagram { .. }))
+        );
+        assert!(a.datagram_stats().dropped >= 5);
+    }
+}

@@ -1,0 +1,137 @@
+//! UDP flows: streams opened to `udp://host:port` that carry datagrams
+//! (see `longhaul_proto::mux` for the rules: never flow controlled,
+//! dropped rather than queued when they cannot go).
+//!
+//! The side the flow was opened *to* holds one UDP socket per flow,
+//! `connect`ed to the destination so only its answers come back
+//! ([`spawn_connected`]). The side that opened it (a `-L udp:` listener,
+//! a SOCKS5 UDP association) keeps the [`Flow`] and a [`DatagramSink`]
+//! that sends answers back to whoever sent the first datagram.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use longhaul_proto::mux::Dropped;
+use tokio::net::UdpSocket;
+
+use crate::runtime::Shared;
+
+/// Largest datagram a flow reads from its socket (the largest UDP payload
+/// over IPv4).
+pub const MAX_DATAGRAM: usize = 65_507;
+
+/// Where a flow's datagrams from the peer go. Called with the session's
+/// state held: must not block (a socket that has no room drops).
+pub trait DatagramSink: Send + Sync + 'static {
+    /// One datagram from the peer.
+    fn deliver(&self, payload: Bytes);
+    /// The flow is over (closed by either side, or with the session).
+    fn finished(&self) {}
+}
+
+/// A flow opened here: send its datagrams with [`Flow::send`]; dropping
+/// it closes the flow.
+pub struct Flow {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) id: u32,
+}
+
+impl Flow {
+    /// Queues one datagram for the peer, or drops it (counted) and says
+    /// why.
+    pub fn send(&self, payload: Bytes) -> Result<(), Dropped> {
+        self.shared.with(|m, _| m.send_datagram(self.id, payload))
+    }
+
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+impl Drop for Flow {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.shared.with(|m, _| m.abort(id));
+    }
+}
+
+/// Datagrams dropped at this end of flows (their socket had no room),
+/// across sessions.
+pub static DELIVERY_DROPS: AtomicU64 = AtomicU64::new(0);
+
+/// A connected socket as the sink: answers go to the destination.
+struct Connected(Arc<UdpSocket>);
+
+impl DatagramSink for Connected {
+    fn deliver(&self, payload: Bytes) {
+        // A full socket buffer, or the destination's ICMP "port
+        // unreachable" reported on this send: the datagram is lost, as
+        // it would be on the network.
+        if self.0.try_send(&payload).is_err() {
+            DELIVERY_DROPS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Datagrams a flow's socket task takes in one go before it lets the
+/// session's other tasks run.
+const BURST: usize = 64;
+
+/// Relays between flow `id` (opened by the peer) and `sock`, connected to
+/// its destination, until the flow ends. An idle flow holds no buffer.
+pub(crate) fn spawn_connected(shared: &Arc<Shared>, id: u32, sock: UdpSocket) {
+    let local = sock.peer_addr().ok().map(|a| a.to_string());
+    let sock = Arc::new(sock);
+    if !shared.attach_flow(id, Arc::new(Connected(sock.clone()))) {
+        return;
+    }
+    let me = shared.clone();
+    let task = shared.spawn(async move {
+        loop {
+            if sock.readable().await.is_err() {
+                return me.with(|m, _| m.abort(id));
+            }
+            let mut buf = vec![0u8; MAX_DATAGRAM];
+            let mut taken = 0;
+            while taken < BURST {
+                taken += 1;
+                match sock.try_recv(&mut buf) {
+                    Ok(n) => {
+                        let payload = Bytes::copy_from_slice(&buf[..n]);
+                        // Dropped when it cannot go: counted by the core.
+                        let _ = me.with(|m, _| m.send_datagram(id, payload));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        taken = 0;
+                        break;
+                    }
+                    // An ICMP error for an earlier send (port unreachable):
+                    // the destination may come back; keep the flow.
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+                    Err(_) => return me.with(|m, _| m.abort(id)),
+                }
+            }
+            if taken == BURST {
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    shared.set_uplink(id, task.abort_handle(), local);
+}
+
+impl Shared {
+    /// Makes stream `id` a flow whose datagrams from the peer go to
+    /// `sink`. `false`: the stream is gone already.
+    pub(crate) fn attach_flow(&self, id: u32, sink: Arc<dyn DatagramSink>) -> bool {
+        let mut st = self.lock();
+        match st.streams.get_mut(&id) {
+            Some(s) => {
+                s.flow = Some(sink);
+                s.socket = crate::runtime::Socket::Open;
+                true
+            }
+            None => false,
+        }
+    }
+}
