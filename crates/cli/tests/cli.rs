@@ -25,7 +25,7 @@ fn wrong_arguments_get_one_line_that_says_what_to_do() {
     let cases: &[(&[&str], &str)] = &[
         (
             &["client", "127.0.0.1:1", "-L", "nonsense"],
-            "expected [BIND:]PORT:HOST:HOSTPORT",
+            "expected [udp:][BIND:]PORT:HOST:HOSTPORT",
         ),
         (
             &["client", "127.0.0.1:1", "-D", "a:b:c"],

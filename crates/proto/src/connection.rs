@@ -126,7 +126,9 @@ pub struct Connection {
 
 impl Connection {
     /// `limits`: what the peer's frames may be.
-    pub fn new(mux: Mux, link: Option<LinkLayer>, limits: DecodeLimits) -> Connection {
+    pub fn new(mut mux: Mux, link: Option<LinkLayer>, limits: DecodeLimits) -> Connection {
+        // A striped session's datagrams go on the lanes outside chunks.
+        mux.set_datagrams_apart(link.as_ref().is_some_and(LinkLayer::is_striped));
         Connection {
             mux,
             link,
@@ -303,6 +305,13 @@ impl Connection {
             let before = buf.len();
             match frame::decode(buf, self.limits) {
                 Ok(Some(Frame::Ack { received })) if link => ack = Some(received),
+                // Not sequenced on a link layer: not counted.
+                Ok(Some(f @ Frame::Datagram { .. })) if link => {
+                    if !self.deliver(f, now) {
+                        ended = true;
+                        break;
+                    }
+                }
                 Ok(Some(Frame::Goodbye)) if link => return self.goodbye(),
                 Ok(Some(f)) => {
                     got += before - buf.len();
@@ -353,6 +362,25 @@ impl Connection {
                     .close(format!("bad acknowledgement from peer: {e}"));
                 Received::Ended
             }
+        }
+    }
+
+    /// Lanes: a DATAGRAM read on `lane` outside a chunk (not sequenced:
+    /// handed on at once, whatever the reorder buffer waits for).
+    pub fn on_lane_datagram(&mut self, lane: CarrierId, f: Frame, now: u64) -> Received {
+        if self.mux.dead().is_some() {
+            return Received::Ended;
+        }
+        if !self.link.as_ref().is_some_and(|l| l.is_current(lane)) {
+            return Received::Stale;
+        }
+        self.mux.heard(now);
+        // Its payload is a slice of a buffer of its own.
+        self.may_slice = true;
+        if self.deliver(f, now) {
+            Received::Taken { wake: false }
+        } else {
+            Received::Ended
         }
     }
 
@@ -426,6 +454,17 @@ impl Connection {
         if !l.is_current(lane) {
             return LaneOutput::Stale;
         }
+        // Datagrams first, outside the chunk: never sequenced, so never
+        // waiting in the peer's reorder buffer behind another lane.
+        let mut datagrams = VecDeque::new();
+        let mut datagram_bytes = 0;
+        while datagram_bytes < target {
+            let Some(f) = self.mux.pop_datagram() else {
+                break;
+            };
+            datagram_bytes += f.remaining();
+            datagrams.extend(f.into_pieces());
+        }
         let mux = &mut self.mux;
         let mut goodbye = None;
         let chunk = l.next_chunk(lane, target, now, |budget, batch| {
@@ -454,11 +493,22 @@ impl Connection {
                 .map(str::to_owned);
             more
         });
-        if let Some(why) = goodbye {
+        if let Some(why) = goodbye.filter(|_| datagrams.is_empty()) {
             return LaneOutput::Goodbye(why);
         }
         match chunk {
-            Some(c) => LaneOutput::Chunk(c),
+            Some(mut c) => {
+                for piece in datagrams.into_iter().rev() {
+                    c.pieces.push_front(piece);
+                }
+                LaneOutput::Chunk(c)
+            }
+            None if !datagrams.is_empty() => LaneOutput::Chunk(Chunk {
+                pieces: datagrams,
+                len: 0,
+                resent: false,
+                more: self.mux.has_output(),
+            }),
             None => LaneOutput::Idle,
         }
     }
@@ -501,132 +551,5 @@ impl Connection {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::mux::MuxConfig;
-    use crate::resume::{Secret, SessionId};
-    use crate::window::WindowConfig;
-
-    fn resumable() -> (Connection, CarrierId) {
-        let mux = Mux::new(MuxConfig {
-            window: WindowConfig {
-                initial: 4096,
-                max: 65536,
-            },
-            budget: 1 << 20,
-            max_streams: 4,
-            send_queue: 8192,
-            send_total: 65536,
-            control_limit: 1 << 20,
-            keepalive: Duration::from_secs(30),
-            dead_after: Duration::from_secs(3600),
-            open_timeout: Duration::from_secs(5),
-            idle_timeout: None,
-            rtt_floor: Duration::from_millis(1),
-            jmux: false,
-            extensions: true,
-            our_max_packet: 4096,
-            send_max_payload: 4096,
-            resumable: true,
-        });
-        let mut link = LinkLayer::new(
-            1 << 20,
-            1 << 20,
-            1,
-            SessionId([0; 16]),
-            Secret([0; 32]),
-            String::new(),
-        );
-        let id = link.attach(0).unwrap();
-        let limits = DecodeLimits {
-            max_frame: 65535,
-            extensions: true,
-        };
-        (Connection::new(mux, Some(link), limits), id)
-    }
-
-    /// The single carrier's writer gets the owed ACK first and then what
-    /// the multiplexer has; what it writes is recorded in wire order
-    /// (ACKs are not: they are never replayed); a carrier no longer
-    /// current gets nothing.
-    #[test]
-    fn a_single_carrier_transmits_the_ack_first_and_records_what_it_writes() {
-        let (mut c, id) = resumable();
-        let mut input = BytesMut::from(&Frame::Ping { nonce: 9 }.to_bytes().unwrap()[..]);
-        assert!(matches!(
-            c.on_bytes(id, &mut input, true, 0),
-            Received::Taken { .. }
-        ));
-        let mut batch = VecDeque::new();
-        c.poll_transmit(id, &mut batch, 1 << 20, 32);
-        assert!(batch.len() >= 2, "an ACK and the PONG");
-        assert!(batch[0].is_link(), "the ACK leads");
-        assert!(batch.iter().skip(1).all(|f| !f.is_link()));
-        let replayable: usize = batch.iter().skip(1).map(OutFrame::remaining).sum();
-        let total: usize = batch.iter().map(OutFrame::remaining).sum();
-        // Written in two parts: a frame is recorded once, when it starts.
-        c.on_written(&mut batch, total - 1);
-        c.on_written(&mut batch, 1);
-        assert!(batch.is_empty());
-        assert_eq!(c.link().unwrap().replay().sent(), replayable as u64);
-
-        // Output waiting (a PONG, an ACK owed) when the carrier is lost:
-        // its writer gets none of it; it waits for the next carrier.
-        let mut ping = BytesMut::from(&Frame::Ping { nonce: 10 }.to_bytes().unwrap()[..]);
-        let _ = c.on_bytes(id, &mut ping, true, 2);
-        assert!(c.mux().has_output());
-        let _ = c.carrier_lost(id, 3, "test");
-        assert_eq!(c.poll_transmit(id, &mut batch, 1 << 20, 32), 0);
-        assert!(batch.is_empty(), "nothing for a carrier no longer current");
-        assert!(c.mux().has_output());
-    }
-
-    /// The server's resume expiry is a deadline of the connection: none
-    /// while attached, `--resume-timeout` after the carrier was lost, the
-    /// session closed with that reason when it passes, and kept when a
-    /// resume came first.
-    #[test]
-    fn a_detached_session_expires_at_its_resume_timeout() {
-        const S: u64 = 1_000_000_000;
-        let (mut c, id) = resumable();
-        c.set_resume_timeout(Some(Duration::from_secs(30)));
-        assert_eq!(
-            c.carrier_lost(id, 10 * S, "test"),
-            Loss::Link(Lost::Detached)
-        );
-        assert_eq!(
-            c.poll_timeout(),
-            Some(40 * S),
-            "the resume's deadline comes first"
-        );
-        c.handle_timeout(40 * S - 1);
-        assert!(c.mux().dead().is_none());
-        c.handle_timeout(40 * S);
-        let why = c.mux().dead().expect("closed at its deadline");
-        assert!(why.contains("--resume-timeout"), "{why}");
-
-        // Resumed in time: no deadline of the resume's any more.
-        let (mut c, id) = resumable();
-        c.set_resume_timeout(Some(Duration::from_secs(30)));
-        let _ = c.carrier_lost(id, 10 * S, "test");
-        let (id, _) = c
-            .resume(0, 0, 20 * S)
-            .expect("a resume of a detached session");
-        c.handle_timeout(45 * S);
-        assert!(c.mux().dead().is_none());
-        assert_ne!(c.poll_timeout(), Some(40 * S));
-        // Lost again: the deadline runs from the latest loss.
-        let _ = c.carrier_lost(id, 50 * S, "test");
-        assert_eq!(c.poll_timeout(), Some(80 * S));
-        // A resume that comes after the deadline is refused, even before
-        // the timer has run.
-        assert!(c.is_over(80 * S));
-        assert!(matches!(c.resume(0, 0, 81 * S), Err(LinkError::Ended)));
-
-        // Without a timeout (the client), a detached session waits.
-        let (mut c, id) = resumable();
-        let _ = c.carrier_lost(id, 10 * S, "test");
-        c.handle_timeout(10_000 * S);
-        assert!(c.mux().dead().is_none() && !c.is_over(10_000 * S));
-    }
-}
+#[path = "connection_tests.rs"]
+mod tests;

@@ -7,7 +7,8 @@
 
 use crate::drr::HasLen;
 use crate::frame::{
-    write_data_header, DATA_HEADER_LEN, T_ACK, T_CLOSE, T_DATA, T_GOODBYE, T_OPEN_SUCCESS,
+    write_data_header, DATA_HEADER_LEN, T_ACK, T_CLOSE, T_DATA, T_DATAGRAM, T_GOODBYE,
+    T_OPEN_SUCCESS,
 };
 use bytes::{Buf, Bytes};
 use std::collections::VecDeque;
@@ -96,6 +97,23 @@ impl OutFrame {
     /// A link-layer frame (ACK, GOODBYE): not sequenced, never replayed.
     pub fn is_link(&self) -> bool {
         self.head_left == 0 && matches!(self.body.first(), Some(&T_ACK | &T_GOODBYE))
+    }
+
+    /// A datagram of a UDP flow (see `mux::datagram`).
+    pub fn is_datagram(&self) -> bool {
+        self.head[0] == T_DATAGRAM
+    }
+
+    /// Outside a link layer's sequenced stream: never counted, recorded or
+    /// replayed (link frames, and datagrams: stale after an outage).
+    pub fn is_unsequenced(&self) -> bool {
+        self.is_link() || self.is_datagram()
+    }
+
+    /// The frame's bytes, for a vectored write (header, then body).
+    pub fn into_pieces(self) -> impl Iterator<Item = Bytes> {
+        let head = Bytes::copy_from_slice(self.head());
+        [head, self.body].into_iter().filter(|b| !b.is_empty())
     }
 
     /// Cuts the first `n` payload bytes of a DATA frame not yet started

@@ -224,6 +224,11 @@ pub(crate) async fn lane_reader(
                         return;
                     }
                 }
+                Ok(Some(f @ Frame::Datagram { .. })) => {
+                    if !lane_input(&shared, |c, now| c.on_lane_datagram(id, f, now)) {
+                        return;
+                    }
+                }
                 Ok(Some(f)) => {
                     return violation(format!(
                         "message type {} on a lane outside a chunk",

@@ -469,7 +469,8 @@ impl LinkLayer {
         if batch.front().is_some_and(|f| f.started) {
             batch.pop_front();
         }
-        batch.retain(|f| !f.is_link());
+        // ACKs are made afresh; datagrams are stale by the next carrier.
+        batch.retain(|f| !f.is_unsequenced());
         self.leftover.extend(batch);
     }
 

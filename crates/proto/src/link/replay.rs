@@ -98,9 +98,10 @@ impl Replay {
     }
 
     /// Records a frame as it starts going out (its first byte is about to be
-    /// written). Link frames (ACK) are not sequenced and are ignored.
+    /// written). Link frames (ACK) and datagrams are not sequenced and are
+    /// ignored.
     pub fn record(&mut self, f: &OutFrame) {
-        if f.is_link() {
+        if f.is_unsequenced() {
             return;
         }
         let copy = f.pristine();

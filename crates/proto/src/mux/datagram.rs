@@ -49,6 +49,10 @@ pub(super) struct Datagrams {
     queue: std::collections::VecDeque<(u32, OutFrame)>,
     bytes: usize,
     pub(super) stats: DatagramStats,
+    /// They go apart from the other frames ([`Mux::pop_datagram`]), not
+    /// in [`Mux::poll_transmit`]'s batches: a striped session sends them on
+    /// its lanes outside chunks.
+    pub(super) apart: bool,
 }
 
 impl Datagrams {
@@ -138,6 +142,17 @@ impl Mux {
         self.bytes_received += payload.len() as u64;
         self.events
             .push_back(super::Event::Datagram { id, payload });
+    }
+
+    /// Datagrams go apart from the other frames: only
+    /// [`Mux::pop_datagram`] takes them.
+    pub fn set_datagrams_apart(&mut self, apart: bool) {
+        self.datagrams.apart = apart;
+    }
+
+    /// The next datagram to send (see [`Mux::set_datagrams_apart`]).
+    pub fn pop_datagram(&mut self) -> Option<OutFrame> {
+        self.datagrams.pop()
     }
 
     pub fn datagram_stats(&self) -> DatagramStats {

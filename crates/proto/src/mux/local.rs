@@ -308,7 +308,7 @@ impl Mux {
             batch.push_back(OutFrame::encoded(f));
         }
         let mut data_bytes = 0;
-        while data_bytes < max_bytes && batch.len() < max_frames {
+        while !self.datagrams.apart && data_bytes < max_bytes && batch.len() < max_frames {
             let Some(f) = self.datagrams.pop() else {
                 break;
             };
