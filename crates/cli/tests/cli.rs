@@ -42,7 +42,7 @@ fn wrong_arguments_get_one_line_that_says_what_to_do() {
         ),
         (
             &["server", "--listen", "127.0.0.1:0", "--allow", "x y:1"],
-            "expected HOST:PORT",
+            "expected [udp:]HOST:PORT",
         ),
         (
             &[

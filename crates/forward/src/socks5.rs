@@ -1,14 +1,25 @@
-//! SOCKS5 front end (RFC 1928): no-auth method, CONNECT to IPv4, IPv6 and
-//! domain names. The server's failure reason maps straight to the SOCKS5
-//! reply code (JMUX reason codes are SOCKS5's).
+//! SOCKS5 front end (RFC 1928): no-auth method, CONNECT and UDP ASSOCIATE
+//! to IPv4, IPv6 and domain names. The server's failure reason maps
+//! straight to the SOCKS5 reply code (JMUX reason codes are SOCKS5's).
+//!
+//! A UDP association relays the datagrams of the client that asked for it
+//! (its address, and its port once the first datagram came) through one
+//! flow per destination (see `udp`), until the client closes the TCP
+//! connection it asked on. Fragments (FRAG ≠ 0) are dropped, as RFC 1928
+//! allows.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
-use longhaul_proto::frame::format_dest;
-use longhaul_session::SessionHandle;
+use bytes::Bytes;
+use longhaul_proto::frame::{format_dest, format_target, Transport};
+use longhaul_session::logs::Throttle;
+use longhaul_session::{SessionHandle, MAX_DATAGRAM};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::udp::Flows;
 
 /// Time a SOCKS client has to state its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -17,13 +28,27 @@ pub const REP_SUCCEEDED: u8 = 0;
 pub const REP_GENERAL_FAILURE: u8 = 1;
 pub const REP_COMMAND_NOT_SUPPORTED: u8 = 7;
 pub const REP_ADDRESS_TYPE_NOT_SUPPORTED: u8 = 8;
+const CMD_CONNECT: u8 = 1;
+const CMD_UDP_ASSOCIATE: u8 = 3;
+/// Destinations one UDP association has flows to at once.
+pub const MAX_ASSOCIATION_FLOWS: usize = 256;
+
+/// Dropped association datagrams, logged at most every few seconds.
+static DROPS: Throttle = Throttle::new();
 
 async fn reply(sock: &mut TcpStream, code: u8) -> std::io::Result<()> {
     sock.write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0]).await
 }
 
-/// Reads the greeting and request; returns the destination URL.
-async fn read_request(sock: &mut TcpStream) -> std::io::Result<Result<String, u8>> {
+/// A request: its command and destination.
+struct Request {
+    cmd: u8,
+    host: String,
+    port: u16,
+}
+
+/// Reads the greeting and request.
+async fn read_request(sock: &mut TcpStream) -> std::io::Result<Result<Request, u8>> {
     let mut hdr = [0u8; 2];
     sock.read_exact(&mut hdr).await?;
     if hdr[0] != 5 {
@@ -66,17 +91,24 @@ async fn read_request(sock: &mut TcpStream) -> std::io::Result<Result<String, u8
     };
     let mut port = [0u8; 2];
     sock.read_exact(&mut port).await?;
-    if req[1] != 1 {
+    if req[1] != CMD_CONNECT && req[1] != CMD_UDP_ASSOCIATE {
         return Ok(Err(REP_COMMAND_NOT_SUPPORTED));
     }
-    Ok(Ok(format_dest(&host, u16::from_be_bytes(port))))
+    Ok(Ok(Request {
+        cmd: req[1],
+        host,
+        port: u16::from_be_bytes(port),
+    }))
 }
 
 /// Serves one SOCKS5 client.
 pub async fn serve(mut sock: TcpStream, session: SessionHandle) {
     let req = tokio::time::timeout(REQUEST_TIMEOUT, read_request(&mut sock)).await;
     let dest = match req {
-        Ok(Ok(Ok(dest))) => dest,
+        Ok(Ok(Ok(r))) if r.cmd == CMD_UDP_ASSOCIATE => {
+            return associate(sock, session, r.host, r.port).await;
+        }
+        Ok(Ok(Ok(r))) => format_dest(&r.host, r.port),
         Ok(Ok(Err(code))) => {
             let _ = reply(&mut sock, code).await;
             return;
@@ -98,6 +130,144 @@ pub async fn serve(mut sock: TcpStream, session: SessionHandle) {
                 _ => REP_GENERAL_FAILURE,
             };
             let _ = reply(&mut sock, code).await;
+        }
+    }
+}
+
+/// SOCKS5's address: ATYP, then the address, then the port.
+fn put_addr(out: &mut Vec<u8>, host: &str, port: u16) {
+    match host.parse::<IpAddr>() {
+        Ok(IpAddr::V4(a)) => {
+            out.push(1);
+            out.extend_from_slice(&a.octets());
+        }
+        Ok(IpAddr::V6(a)) => {
+            out.push(4);
+            out.extend_from_slice(&a.octets());
+        }
+        Err(_) => {
+            out.push(3);
+            out.push(host.len() as u8);
+            out.extend_from_slice(host.as_bytes());
+        }
+    }
+    out.extend_from_slice(&port.to_be_bytes());
+}
+
+/// Parses a UDP request header: the destination and where the data
+/// starts; `Err` says why the datagram is dropped.
+fn parse_udp(d: &[u8]) -> Result<(String, u16, usize), &'static str> {
+    let (&[r1, r2, frag, atyp], rest) = d.split_first_chunk::<4>().ok_or("too short")?;
+    if r1 != 0 || r2 != 0 {
+        return Err("reserved bytes not zero");
+    }
+    if frag != 0 {
+        return Err("fragments are not supported");
+    }
+    let (host, len) = match atyp {
+        1 => {
+            let a: [u8; 4] = rest
+                .get(..4)
+                .ok_or("too short")?
+                .try_into()
+                .unwrap_or_default();
+            (Ipv4Addr::from(a).to_string(), 4)
+        }
+        4 => {
+            let a: [u8; 16] = rest
+                .get(..16)
+                .ok_or("too short")?
+                .try_into()
+                .unwrap_or_default();
+            (Ipv6Addr::from(a).to_string(), 16)
+        }
+        3 => {
+            let n = *rest.first().ok_or("too short")? as usize;
+            let name = rest.get(1..1 + n).ok_or("too short")?;
+            match std::str::from_utf8(name) {
+                Ok(s) if !s.is_empty() => (s.to_owned(), 1 + n),
+                _ => return Err("bad domain name"),
+            }
+        }
+        _ => return Err("unknown address type"),
+    };
+    let p = rest.get(len..len + 2).ok_or("too short")?;
+    Ok((host, u16::from_be_bytes([p[0], p[1]]), 4 + len + 2))
+}
+
+/// Serves a UDP ASSOCIATE until the client closes its TCP connection.
+/// `host:port`: where the client says it will send from (zeros: not
+/// known yet).
+async fn associate(mut ctl: TcpStream, session: SessionHandle, host: String, port: u16) {
+    let (Ok(local), Ok(peer)) = (ctl.local_addr(), ctl.peer_addr()) else {
+        return;
+    };
+    let sock = match crate::udp::bind(SocketAddr::new(local.ip(), 0)) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            tracing::info!("socks5: cannot bind a UDP socket for an association: {e}");
+            let _ = reply(&mut ctl, REP_GENERAL_FAILURE).await;
+            return;
+        }
+    };
+    let Ok(bound) = sock.local_addr() else { return };
+    let mut answer = vec![5, REP_SUCCEEDED, 0];
+    put_addr(&mut answer, &bound.ip().to_string(), bound.port());
+    if ctl.write_all(&answer).await.is_err() {
+        return;
+    }
+    // Only the client that asked: its address, and the port it named (or
+    // the one its first datagram comes from).
+    let named = host
+        .parse::<IpAddr>()
+        .ok()
+        .filter(|ip| !ip.is_unspecified());
+    let mut client = named
+        .filter(|_| port != 0)
+        .map(|ip| SocketAddr::new(ip, port));
+    let flows: Flows<(String, u16)> = Flows::new(MAX_ASSOCIATION_FLOWS);
+    let current = session.clone();
+    let session = move || (!current.is_closed()).then(|| current.clone());
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut ctl_buf = [0u8; 64];
+    let mut sweep = tokio::time::interval(crate::udp::SWEEP);
+    loop {
+        tokio::select! {
+            r = sock.recv_from(&mut buf) => {
+                let Ok((n, from)) = r else { continue };
+                let ours = from.ip() == peer.ip() && client.is_none_or(|c| c == from);
+                if !ours {
+                    continue;
+                }
+                client = Some(from);
+                let (host, port, at) = match parse_udp(&buf[..n]) {
+                    Ok(x) => x,
+                    Err(why) => {
+                        if DROPS.pass("dropped SOCKS5 datagrams") {
+                            tracing::info!(%from, "socks5: dropped a datagram: {why}");
+                        }
+                        continue;
+                    }
+                };
+                let payload = Bytes::copy_from_slice(&buf[at..n]);
+                let dest = format_target(Transport::Udp, &host, port);
+                let mut header = vec![0, 0, 0];
+                put_addr(&mut header, &host, port);
+                let reply = || -> Box<dyn Fn(&[u8]) + Send + Sync> {
+                    let sock = sock.clone();
+                    Box::new(move |d: &[u8]| {
+                        let mut out = Vec::with_capacity(header.len() + d.len());
+                        out.extend_from_slice(&header);
+                        out.extend_from_slice(d);
+                        // A full socket buffer: lost, as on the network.
+                        let _ = sock.try_send_to(&out, from);
+                    })
+                };
+                flows.send((host, port), &dest, payload, reply, &session);
+            }
+            _ = sweep.tick() => flows.expire(),
+            // The association lives as long as the TCP connection.
+            r = ctl.read(&mut ctl_buf) => if !matches!(r, Ok(n) if n > 0) { return },
         }
     }
 }

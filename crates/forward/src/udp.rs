@@ -40,18 +40,18 @@ pub const OPENING_BYTES: usize = 64 * 1024;
 /// How long a refused destination is not asked again.
 pub const REFUSED_HOLD: Duration = Duration::from_secs(5);
 /// How often idle flows are looked for.
-const SWEEP: Duration = Duration::from_secs(1);
+pub(crate) const SWEEP: Duration = Duration::from_secs(1);
 
 /// Datagrams dropped at listeners, logged at most every few seconds.
 static DROPS: Throttle = Throttle::new();
 /// Refused flows, likewise.
 static REFUSED: Throttle = Throttle::new();
 
-/// Where a flow's answers go: its source, through the listener's socket.
+/// Where a flow's answers go (its source, through the listener's
+/// socket), and what the flow's timers need.
 struct Source {
-    sock: Arc<UdpSocket>,
-    to: SocketAddr,
-    /// Milliseconds since the listener started, at the last datagram.
+    reply: Box<dyn Fn(&[u8]) + Send + Sync>,
+    /// Milliseconds since the table was made, at the last datagram.
     last: AtomicU64,
     answered: AtomicBool,
     ended: AtomicBool,
@@ -74,8 +74,7 @@ impl DatagramSink for Source {
     fn deliver(&self, payload: Bytes) {
         self.answered.store(true, Ordering::Relaxed);
         self.touch();
-        // A full socket buffer: lost, as on the network.
-        let _ = self.sock.try_send_to(&payload, self.to);
+        (self.reply)(&payload);
     }
 
     fn finished(&self) {
@@ -94,50 +93,147 @@ struct Entry {
     source: Arc<Source>,
 }
 
-type Table = Arc<Mutex<HashMap<SocketAddr, Entry>>>;
-
-/// A UDP socket bound to `addr` (a listener), for the runtime.
-pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
-    let s = std::net::UdpSocket::bind(addr)?;
-    s.set_nonblocking(true)?;
-    UdpSocket::from_std(s)
+/// The flows of one listener (or SOCKS5 association), by key: the source
+/// address of a `-L udp:` listener, the destination of an association.
+/// The lock is never held while the session's is wanted by someone else
+/// who then waits for this one (sinks only touch atomics).
+pub(crate) struct Flows<K> {
+    table: Arc<Mutex<HashMap<K, Entry>>>,
+    max: usize,
+    start: Instant,
 }
 
-/// Serves one UDP listener until `stop` resolves: flows to `dest`
-/// (`udp://host:port`) on the session `session()` gives (none: the
-/// datagram is dropped).
-pub(crate) async fn serve(
-    sock: UdpSocket,
-    dest: String,
-    session: impl Fn() -> Option<SessionHandle> + Send + 'static,
-    stop: impl std::future::Future<Output = ()>,
-) {
-    let sock = Arc::new(sock);
-    let table: Table = Arc::default();
-    let start = Instant::now();
-    let mut buf = vec![0u8; MAX_DATAGRAM];
-    let mut sweep = tokio::time::interval(SWEEP);
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            r = sock.recv_from(&mut buf) => {
-                // Errors are ICMP reports for earlier answers: nothing to do.
-                if let Ok((n, from)) = r {
-                    let payload = Bytes::copy_from_slice(&buf[..n]);
-                    let source = || Arc::new(Source {
-                        sock: sock.clone(),
-                        to: from,
-                        last: AtomicU64::new(0),
-                        answered: AtomicBool::new(false),
-                        ended: AtomicBool::new(false),
-                        start,
-                    });
-                    on_datagram(&table, &dest, from, source, payload, &session);
+impl<K: std::hash::Hash + Eq + Clone + Send + 'static> Flows<K> {
+    /// A table of at most `max` flows.
+    pub(crate) fn new(max: usize) -> Flows<K> {
+        Flows {
+            table: Arc::default(),
+            max,
+            start: Instant::now(),
+        }
+    }
+
+    /// One datagram for flow `key`, to `dest` (`udp://host:port`): into
+    /// its flow, or opening one on `session()`, whose answers go to
+    /// `reply`.
+    pub(crate) fn send(
+        &self,
+        key: K,
+        dest: &str,
+        payload: Bytes,
+        reply: impl FnOnce() -> Box<dyn Fn(&[u8]) + Send + Sync>,
+        session: &impl Fn() -> Option<SessionHandle>,
+    ) {
+        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = t.get_mut(&key) {
+            if !e.source.ended.load(Ordering::Relaxed) {
+                match &mut e.state {
+                    State::Open(flow) => {
+                        e.source.touch();
+                        if let Err(why) = flow.send(payload) {
+                            dropped(dest, &format!("{why:?}"));
+                        }
+                        return;
+                    }
+                    State::Opening { queued, bytes } => {
+                        if queued.len() < OPENING_QUEUE && *bytes + payload.len() <= OPENING_BYTES {
+                            e.source.touch();
+                            *bytes += payload.len();
+                            queued.push(payload);
+                        } else {
+                            dropped(dest, "its flow is still opening");
+                        }
+                        return;
+                    }
+                    State::Refused { until } if Instant::now() < *until => {
+                        return dropped(dest, "the destination was refused");
+                    }
+                    State::Refused { .. } => {}
                 }
             }
-            _ = sweep.tick() => expire(&table),
-            _ = &mut stop => return,
+            // Ended, or refused long enough ago: a new flow.
+            t.remove(&key);
         }
+        if t.len() >= self.max {
+            return dropped(dest, "too many flows");
+        }
+        let Some(session) = session() else {
+            return dropped(dest, "no session");
+        };
+        let new = Arc::new(Source {
+            reply: reply(),
+            last: AtomicU64::new(0),
+            answered: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            start: self.start,
+        });
+        new.touch();
+        let state = State::Opening {
+            bytes: payload.len(),
+            queued: vec![payload],
+        };
+        t.insert(
+            key.clone(),
+            Entry {
+                state,
+                source: new.clone(),
+            },
+        );
+        drop(t);
+        let (table, dest) = (self.table.clone(), dest.to_owned());
+        tokio::spawn(async move {
+            let flow = match session.open(&dest).await {
+                Ok(o) => o.into_flow(new.clone()).map(Arc::new),
+                Err(e) => {
+                    if REFUSED.pass("refused UDP flows") {
+                        let (dest, why) = (shown(&dest), escaped(&e));
+                        tracing::info!(%dest, "UDP flow refused: {why}");
+                    }
+                    None
+                }
+            };
+            let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+            // Still the entry this task opens for (not expired meanwhile)?
+            let Some(e) = t.get_mut(&key).filter(|e| Arc::ptr_eq(&e.source, &new)) else {
+                return;
+            };
+            let Some(flow) = flow else {
+                e.state = State::Refused {
+                    until: Instant::now() + REFUSED_HOLD,
+                };
+                return;
+            };
+            let queued = match std::mem::replace(&mut e.state, State::Open(flow.clone())) {
+                State::Opening { queued, .. } => queued,
+                _ => Vec::new(),
+            };
+            for d in queued {
+                if let Err(why) = flow.send(d) {
+                    dropped(&dest, &format!("{why:?}"));
+                }
+            }
+        });
+    }
+
+    /// Ends flows idle past their timeout, or over at the far side, and
+    /// forgets refusals that are old enough.
+    pub(crate) fn expire(&self) {
+        let now = Instant::now();
+        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        t.retain(|_, e| {
+            let s = &e.source;
+            let limit = if s.answered.load(Ordering::Relaxed) {
+                FLOW_IDLE_ANSWERED
+            } else {
+                FLOW_IDLE
+            };
+            match e.state {
+                State::Refused { until } => now < until,
+                // An open that takes longer than the idle limit: the
+                // session's open timeout ends it first; the entry goes too.
+                _ => !s.ended.load(Ordering::Relaxed) && s.idle() < limit,
+            }
+        });
     }
 }
 
@@ -148,118 +244,43 @@ fn dropped(dest: &str, why: &str) {
     }
 }
 
-/// One datagram from `from`: into its flow, or opening one (`source`
-/// makes its entry).
-fn on_datagram(
-    table: &Table,
-    dest: &str,
-    from: SocketAddr,
-    source: impl FnOnce() -> Arc<Source>,
-    payload: Bytes,
-    session: &impl Fn() -> Option<SessionHandle>,
-) {
-    let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(e) = t.get_mut(&from) {
-        if !e.source.ended.load(Ordering::Relaxed) {
-            match &mut e.state {
-                State::Open(flow) => {
-                    e.source.touch();
-                    if let Err(why) = flow.send(payload) {
-                        dropped(dest, &format!("{why:?}"));
-                    }
-                    return;
-                }
-                State::Opening { queued, bytes } => {
-                    if queued.len() < OPENING_QUEUE && *bytes + payload.len() <= OPENING_BYTES {
-                        e.source.touch();
-                        *bytes += payload.len();
-                        queued.push(payload);
-                    } else {
-                        dropped(dest, "its flow is still opening");
-                    }
-                    return;
-                }
-                State::Refused { until } if Instant::now() < *until => {
-                    return dropped(dest, "the destination was refused");
-                }
-                State::Refused { .. } => {}
-            }
-        }
-        // Ended or refused long enough ago: a new flow.
-        t.remove(&from);
-    }
-    if t.len() >= MAX_FLOWS {
-        return dropped(dest, "too many flows on this listener");
-    }
-    let Some(session) = session() else {
-        return dropped(dest, "no session");
-    };
-    let new = source();
-    new.touch();
-    t.insert(
-        from,
-        Entry {
-            state: State::Opening {
-                bytes: payload.len(),
-                queued: vec![payload],
-            },
-            source: new.clone(),
-        },
-    );
-    drop(t);
-    let (table, dest) = (table.clone(), dest.to_owned());
-    tokio::spawn(async move {
-        let opened = session.open(&dest).await;
-        let flow = match opened {
-            Ok(o) => o.into_flow(new.clone()).map(Arc::new),
-            Err(e) => {
-                if REFUSED.pass("refused UDP flows") {
-                    let (dest, why) = (shown(&dest), escaped(&e));
-                    tracing::info!(%from, %dest, "UDP flow refused: {why}");
-                }
-                None
-            }
-        };
-        let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
-        // Still the entry this task opens for (not expired meanwhile)?
-        let Some(e) = t.get_mut(&from).filter(|e| Arc::ptr_eq(&e.source, &new)) else {
-            return;
-        };
-        let Some(flow) = flow else {
-            e.state = State::Refused {
-                until: Instant::now() + REFUSED_HOLD,
-            };
-            return;
-        };
-        let queued = match std::mem::replace(&mut e.state, State::Open(flow.clone())) {
-            State::Opening { queued, .. } => queued,
-            _ => Vec::new(),
-        };
-        for d in queued {
-            if let Err(why) = flow.send(d) {
-                dropped(&dest, &format!("{why:?}"));
-            }
-        }
-    });
+/// A UDP socket bound to `addr` (a listener), for the runtime.
+pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    let s = std::net::UdpSocket::bind(addr)?;
+    s.set_nonblocking(true)?;
+    UdpSocket::from_std(s)
 }
 
-/// Ends flows idle past their timeout, or over at the far side, and
-/// forgets refusals that are old enough.
-fn expire(table: &Table) {
-    let now = Instant::now();
-    let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
-    t.retain(|_, e| {
-        let s = &e.source;
-        let limit = if s.answered.load(Ordering::Relaxed) {
-            FLOW_IDLE_ANSWERED
-        } else {
-            FLOW_IDLE
-        };
-        match e.state {
-            State::Refused { until } => now < until,
-            // An open that takes longer than the idle limit: the session's
-            // open timeout ends it first; the entry goes with it.
-            _ => !s.ended.load(Ordering::Relaxed) && s.idle() < limit,
+/// Serves one UDP listener until `stop` resolves: a flow to `dest`
+/// (`udp://host:port`) per source, on the session `session()` gives
+/// (none: the datagram is dropped).
+pub(crate) async fn serve(
+    sock: UdpSocket,
+    dest: String,
+    session: impl Fn() -> Option<SessionHandle> + Send + 'static,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let sock = Arc::new(sock);
+    let flows = Flows::new(MAX_FLOWS);
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut sweep = tokio::time::interval(SWEEP);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            r = sock.recv_from(&mut buf) => {
+                // Errors are ICMP reports for earlier answers: nothing to do.
+                if let Ok((n, from)) = r {
+                    let payload = Bytes::copy_from_slice(&buf[..n]);
+                    let reply = || -> Box<dyn Fn(&[u8]) + Send + Sync> {
+                        let sock = sock.clone();
+                        // A full socket buffer: lost, as on the network.
+                        Box::new(move |d: &[u8]| { let _ = sock.try_send_to(d, from); })
+                    };
+                    flows.send(from, &dest, payload, reply, &session);
+                }
+            }
+            _ = sweep.tick() => flows.expire(),
+            _ = &mut stop => return,
         }
-    });
+    }
 }

@@ -195,3 +195,110 @@ async fn jmux_mode_refuses_udp_forwards_with_one_line() {
         "{e}"
     );
 }
+
+/// A SOCKS5 client's UDP ASSOCIATE: the control connection and the relay
+/// address the proxy answered with.
+async fn associate(proxy: SocketAddr) -> (tokio::net::TcpStream, SocketAddr) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    c.write_all(&[5, 1, 0]).await.unwrap();
+    let mut m = [0u8; 2];
+    c.read_exact(&mut m).await.unwrap();
+    assert_eq!(m, [5, 0]);
+    c.write_all(&[5, 3, 0, 1, 0, 0, 0, 0, 0, 0]).await.unwrap();
+    let mut r = [0u8; 10];
+    c.read_exact(&mut r).await.unwrap();
+    assert_eq!(&r[..4], &[5, 0, 0, 1], "UDP ASSOCIATE refused");
+    let ip = std::net::Ipv4Addr::new(r[4], r[5], r[6], r[7]);
+    (
+        c,
+        SocketAddr::new(ip.into(), u16::from_be_bytes([r[8], r[9]])),
+    )
+}
+
+/// A SOCKS5 UDP request header for `host:port` (a name or an IPv4).
+fn socks_header(frag: u8, host: &str, port: u16) -> Vec<u8> {
+    let mut h = vec![0, 0, frag];
+    match host.parse::<std::net::Ipv4Addr>() {
+        Ok(ip) => {
+            h.push(1);
+            h.extend_from_slice(&ip.octets());
+        }
+        Err(_) => {
+            h.push(3);
+            h.push(host.len() as u8);
+            h.extend_from_slice(host.as_bytes());
+        }
+    }
+    h.extend_from_slice(&port.to_be_bytes());
+    h
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socks5_udp_associate_relays_datagrams_and_ends_with_its_connection() {
+    let (echo, got) = udp_echo().await;
+    let (other, other_got) = udp_echo().await;
+    let server = start_server(
+        allow(&[
+            &format!("udp:127.0.0.1:{}", echo.port()),
+            &format!("udp:localhost:{}", echo.port()),
+        ]),
+        BindRules::default(),
+    )
+    .await;
+    let mut cfg = client_config(server);
+    cfg.socks = vec!["127.0.0.1:0".parse().unwrap()];
+    let client = Client::start(cfg).await.unwrap();
+    let (ctl, relay) = within(10, associate(client.socks_addrs[0])).await;
+    let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    // By address and by name: the answer comes back with the header of
+    // the destination it came from.
+    for host in ["127.0.0.1", "localhost"] {
+        for size in [0usize, 700, 30_000] {
+            let d = random_bytes(size);
+            let header = socks_header(0, host, echo.port());
+            let mut q = header.clone();
+            q.extend_from_slice(&d);
+            let answer = within(20, ask(&s, relay, &q)).await;
+            assert_eq!(&answer[..header.len()], &header[..], "the answer's header");
+            check_answer(&d, &answer[header.len()..]);
+        }
+    }
+    // A fragment is dropped; a destination the rules refuse gets nothing.
+    let mut buf = [0u8; 100];
+    let before = got.load(Ordering::Relaxed);
+    let mut frag = socks_header(1, "127.0.0.1", echo.port());
+    frag.extend_from_slice(b"part");
+    let mut refused = socks_header(0, "127.0.0.1", other.port());
+    refused.extend_from_slice(b"let me in");
+    for q in [frag, refused] {
+        s.send_to(&q, relay).await.unwrap();
+        let r = tokio::time::timeout(Duration::from_millis(700), s.recv_from(&mut buf)).await;
+        assert!(r.is_err(), "answered");
+    }
+    assert_eq!(
+        got.load(Ordering::Relaxed),
+        before,
+        "a fragment went through"
+    );
+    assert_eq!(
+        other_got.load(Ordering::Relaxed),
+        0,
+        "a refused flow went through"
+    );
+    // Another socket than the client's first is not the client.
+    let stranger = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut q = socks_header(0, "127.0.0.1", echo.port());
+    q.extend_from_slice(b"me too");
+    stranger.send_to(&q, relay).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_millis(700), stranger.recv_from(&mut buf)).await;
+    assert!(r.is_err(), "a stranger was relayed");
+    // Closing the control connection ends the association.
+    drop(ctl);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = got.load(Ordering::Relaxed);
+    s.send_to(&q, relay).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_millis(700), s.recv_from(&mut buf)).await;
+    assert!(r.is_err(), "relayed after the association ended");
+    assert_eq!(got.load(Ordering::Relaxed), before);
+}

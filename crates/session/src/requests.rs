@@ -18,6 +18,11 @@ static REFUSED: Throttle = Throttle::new();
 /// Connects to what the peer asked for (bounded by `open_timeout`), then
 /// answers its OPEN.
 pub(crate) fn connect_for_peer(shared: &Arc<Shared>, open: IncomingOpen, dest: String) {
+    if dest.starts_with("udp://") && shared.config.mode == crate::Mode::Jmux {
+        // JMUX has no datagrams: a flow could never carry one.
+        let refused = Refused::new(Reason::NOT_ALLOWED, "UDP needs longhaul's native mode");
+        return shared.with(|m, _| m.refuse_open(open, refused));
+    }
     let me = shared.clone();
     let fut = shared.acceptor.connect(dest.clone());
     let limit = shared.config.open_timeout;

@@ -270,7 +270,10 @@ impl Shared {
     fn on_event(self: &Arc<Self>, st: &mut State, ev: Event) {
         match ev {
             Event::Data { id, payload } => {
-                if let Some(s) = st.streams.get(&id) {
+                // A flow carries datagrams only: DATA for one is dropped
+                // (its window is never given back, so a peer that sends it
+                // anyway stops at the window).
+                if let Some(s) = st.streams.get(&id).filter(|s| s.flow.is_none()) {
                     let mut ib = s.io.inbox();
                     if !ib.closed {
                         // Bounded by the receive window the core checked.
