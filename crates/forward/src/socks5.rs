@@ -19,7 +19,7 @@ use longhaul_session::{SessionHandle, MAX_DATAGRAM};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::udp::Flows;
+use crate::udp::{Flows, Reply};
 
 /// Time a SOCKS client has to state its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -253,7 +253,7 @@ async fn associate(mut ctl: TcpStream, session: SessionHandle, host: String, por
                 let dest = format_target(Transport::Udp, &host, port);
                 let mut header = vec![0, 0, 0];
                 put_addr(&mut header, &host, port);
-                let reply = || -> Box<dyn Fn(&[u8]) + Send + Sync> {
+                let reply = || -> Reply {
                     let sock = sock.clone();
                     Box::new(move |d: &[u8]| {
                         let mut out = Vec::with_capacity(header.len() + d.len());

@@ -47,10 +47,13 @@ static DROPS: Throttle = Throttle::new();
 /// Refused flows, likewise.
 static REFUSED: Throttle = Throttle::new();
 
+/// Sends one answer back to a flow's source.
+pub(crate) type Reply = Box<dyn Fn(&[u8]) + Send + Sync>;
+
 /// Where a flow's answers go (its source, through the listener's
 /// socket), and what the flow's timers need.
 struct Source {
-    reply: Box<dyn Fn(&[u8]) + Send + Sync>,
+    reply: Reply,
     /// Milliseconds since the table was made, at the last datagram.
     last: AtomicU64,
     answered: AtomicBool,
@@ -121,7 +124,7 @@ impl<K: std::hash::Hash + Eq + Clone + Send + 'static> Flows<K> {
         key: K,
         dest: &str,
         payload: Bytes,
-        reply: impl FnOnce() -> Box<dyn Fn(&[u8]) + Send + Sync>,
+        reply: impl FnOnce() -> Reply,
         session: &impl Fn() -> Option<SessionHandle>,
     ) {
         let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
@@ -271,7 +274,7 @@ pub(crate) async fn serve(
                 // Errors are ICMP reports for earlier answers: nothing to do.
                 if let Ok((n, from)) = r {
                     let payload = Bytes::copy_from_slice(&buf[..n]);
-                    let reply = || -> Box<dyn Fn(&[u8]) + Send + Sync> {
+                    let reply = || -> Reply {
                         let sock = sock.clone();
                         // A full socket buffer: lost, as on the network.
                         Box::new(move |d: &[u8]| { let _ = sock.try_send_to(d, from); })
