@@ -351,7 +351,7 @@ pub struct ServerArgs {
     /// Allow every target (an open relay: only when you mean it).
     #[arg(long)]
     pub allow_all: bool,
-    /// Allow reverse forwards (-R) to bind [ADDR:]PORT (no ADDR: loopback only). Repeatable.
+    /// Allow reverse forwards (-R) to bind [ADDR:]PORT (no ADDR: loopback only; udp:[ADDR:]PORT for -R udp:). Repeatable.
     #[arg(long = "allow-bind", value_name = "[ADDR:]PORT", value_parser = parse_bind_rule)]
     pub allow_bind: Vec<BindRule>,
     /// Plain JMUX framing (no handshake), to interoperate with jetsocat jmux-proxy.

@@ -235,8 +235,16 @@ mod tests {
         assert!(allow.allows_name(crate::rules::Transport::Tcp, "x.web", 443));
         assert!(!allow.allows_name(crate::rules::Transport::Tcp, "db.corp", 22));
         let bind = a.bind.as_ref().unwrap();
-        assert!(bind.allows("127.0.0.1".parse().unwrap(), 8080));
-        assert!(!bind.allows("127.0.0.1".parse().unwrap(), 8081));
+        assert!(bind.allows(
+            crate::rules::Transport::Tcp,
+            "127.0.0.1".parse().unwrap(),
+            8080
+        ));
+        assert!(!bind.allows(
+            crate::rules::Transport::Tcp,
+            "127.0.0.1".parse().unwrap(),
+            8081
+        ));
         assert!(k.get(&fp(2)).unwrap().allow.is_none());
         assert!(k.get(&fp(3)).is_none());
     }

@@ -11,7 +11,7 @@ use longhaul_files::Access;
 use longhaul_proto::frame::parse_target;
 
 use crate::auth::{Authenticated, ServerAuth};
-use crate::rules::{BindRules, Rules};
+use crate::rules::{BindRules, Rules, Transport};
 
 #[derive(Debug, Clone, Default)]
 pub struct Policy {
@@ -129,16 +129,17 @@ impl Policy {
 }
 
 impl Policy {
-    /// Whether `who` may listen on `addr` (a reverse forward) under this
-    /// policy: the global `--allow-bind` rules and the key's own `bind=`.
-    pub fn allows_bind(&self, who: &Who, addr: SocketAddr) -> bool {
+    /// Whether `who` may listen on `addr` (a reverse forward, TCP or UDP)
+    /// under this policy: the global `--allow-bind` rules and the key's
+    /// own `bind=`.
+    pub fn allows_bind(&self, who: &Who, t: Transport, addr: SocketAddr) -> bool {
         let Some(g) = self.grants(who) else {
             return false;
         };
         g.bind
             .as_ref()
-            .is_none_or(|r| r.allows(addr.ip(), addr.port()))
-            && self.bind_rules.allows(addr.ip(), addr.port())
+            .is_none_or(|r| r.allows(t, addr.ip(), addr.port()))
+            && self.bind_rules.allows(t, addr.ip(), addr.port())
     }
 }
 

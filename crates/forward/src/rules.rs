@@ -7,7 +7,8 @@
 //!
 //! A bind rule is `[ADDR:]PORT` (PORT as above). Without ADDR it allows that
 //! port on loopback only — the safe meaning, like ssh's `GatewayPorts no`;
-//! `0.0.0.0:PORT` or `[::]:PORT` allow the wildcard address.
+//! `0.0.0.0:PORT` or `[::]:PORT` allow the wildcard address. It allows TCP
+//! listeners; `udp:[ADDR:]PORT` allows UDP ones instead.
 
 use std::net::IpAddr;
 use std::str::FromStr;
@@ -234,6 +235,7 @@ impl Rules {
 /// One `--allow-bind` rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BindRule {
+    transport: Transport,
     addr: Option<IpAddr>,
     ports: PortRange,
 }
@@ -241,21 +243,28 @@ pub struct BindRule {
 impl FromStr for BindRule {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let usage =
-            "expected [ADDR:]PORT, e.g. --allow-bind 8080 or --allow-bind 0.0.0.0:9000-9010";
-        let (addr, port) = match split_host_port(s) {
+        let usage = "expected [udp:][ADDR:]PORT, e.g. --allow-bind 8080, --allow-bind 0.0.0.0:9000-9010 or --allow-bind udp:5353";
+        let (transport, spec) = match s.strip_prefix("udp:") {
+            Some(rest) => (Transport::Udp, rest),
+            None => (Transport::Tcp, s),
+        };
+        let (addr, port) = match split_host_port(spec) {
             Some((a, p)) if !a.is_empty() => (
                 Some(a.parse::<IpAddr>().map_err(|_| {
                     format!("invalid bind rule '{s}': '{a}' is not an IP address; {usage}")
                 })?),
                 p,
             ),
-            _ => (None, s),
+            _ => (None, spec),
         };
         let ports = port
             .parse::<PortRange>()
             .map_err(|e| format!("invalid bind rule '{s}': {e}; {usage}"))?;
-        Ok(BindRule { addr, ports })
+        Ok(BindRule {
+            transport,
+            addr,
+            ports,
+        })
     }
 }
 
@@ -272,9 +281,12 @@ impl BindRules {
     }
 
     /// Port 0 (any free port) is allowed only by a rule whose ports are `*`.
-    pub fn allows(&self, addr: IpAddr, port: u16) -> bool {
+    pub fn allows(&self, t: Transport, addr: IpAddr, port: u16) -> bool {
         self.allow_all
             || self.rules.iter().any(|r| {
+                if r.transport != t {
+                    return false;
+                }
                 let port_ok = if port == 0 {
                     r.ports.is_any()
                 } else {
@@ -375,12 +387,22 @@ mod tests {
         );
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         let any: IpAddr = "0.0.0.0".parse().unwrap();
-        assert!(b.allows(lo, 8080));
-        assert!(!b.allows(any, 8080), "no address means loopback only");
-        assert!(b.allows(any, 9001));
-        assert!(!b.allows(lo, 9001));
-        assert!(!b.allows(lo, 0));
-        assert!(BindRules::new(vec!["*".parse().unwrap()], false).allows(lo, 0));
+        assert!(b.allows(T, lo, 8080));
+        assert!(!b.allows(T, any, 8080), "no address means loopback only");
+        assert!(b.allows(T, any, 9001));
+        assert!(!b.allows(T, lo, 9001));
+        assert!(!b.allows(T, lo, 0));
+        assert!(BindRules::new(vec!["*".parse().unwrap()], false).allows(T, lo, 0));
         assert!("nope:1".parse::<BindRule>().is_err());
+        let u = BindRules::new(vec!["udp:5353".parse().unwrap()], false);
+        assert!(u.allows(Transport::Udp, lo, 5353));
+        assert!(
+            !u.allows(T, lo, 5353),
+            "a UDP bind rule allows no TCP listener"
+        );
+        assert!(
+            !b.allows(Transport::Udp, lo, 8080),
+            "a TCP bind rule allows no UDP"
+        );
     }
 }

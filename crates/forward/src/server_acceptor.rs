@@ -191,7 +191,11 @@ impl Acceptor for ServerAcceptor {
                     SocketAddr::new(loopback(), port)
                 }
             };
-            if !policy.allows_bind(&who, addr) {
+            let transport = match target(&dest) {
+                Ok((t, ..)) => t,
+                Err(_) => Transport::Tcp,
+            };
+            if !policy.allows_bind(&who, transport, addr) {
                 metrics.refused(Refusal::BindNotAllowed);
                 if refusals.admit() {
                     let bind = shown(&bind);
@@ -211,11 +215,11 @@ impl Acceptor for ServerAcceptor {
             let grant = BindGrant {
                 policy: cell,
                 who,
+                transport,
                 addr,
                 peer: peer.clone(),
             };
-            let udp = matches!(target(&dest), Ok((Transport::Udp, ..)));
-            let port = if udp {
+            let port = if transport == Transport::Udp {
                 let sock = crate::udp::bind(addr).map_err(cannot)?;
                 let port = sock.local_addr().map_err(cannot)?.port();
                 tokio::spawn(reverse_udp(sock, dest.clone(), session, grant));
@@ -236,6 +240,7 @@ impl Acceptor for ServerAcceptor {
 struct BindGrant {
     policy: PolicyCell,
     who: Who,
+    transport: Transport,
     /// What was asked for (the port before any `0` was chosen).
     addr: SocketAddr,
     peer: String,
@@ -249,7 +254,7 @@ impl BindGrant {
             // The policy in force now first: a reload between the bind's
             // check and this watch is not missed.
             let p = rx.borrow_and_update().clone();
-            if !p.allows_bind(&self.who, self.addr) {
+            if !p.allows_bind(&self.who, self.transport, self.addr) {
                 return format!(
                     "the rules no longer allow its reverse bind on {}",
                     self.addr

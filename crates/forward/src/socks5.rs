@@ -105,8 +105,13 @@ async fn read_request(sock: &mut TcpStream) -> std::io::Result<Result<Request, u
 pub async fn serve(mut sock: TcpStream, session: SessionHandle) {
     let req = tokio::time::timeout(REQUEST_TIMEOUT, read_request(&mut sock)).await;
     let dest = match req {
-        Ok(Ok(Ok(r))) if r.cmd == CMD_UDP_ASSOCIATE => {
+        Ok(Ok(Ok(r))) if r.cmd == CMD_UDP_ASSOCIATE && session.carries_datagrams() => {
             return associate(sock, session, r.host, r.port).await;
+        }
+        Ok(Ok(Ok(r))) if r.cmd == CMD_UDP_ASSOCIATE => {
+            // JMUX mode: no datagrams.
+            let _ = reply(&mut sock, REP_COMMAND_NOT_SUPPORTED).await;
+            return;
         }
         Ok(Ok(Ok(r))) => format_dest(&r.host, r.port),
         Ok(Ok(Err(code))) => {
@@ -216,8 +221,8 @@ async fn associate(mut ctl: TcpStream, session: SessionHandle, host: String, por
     if ctl.write_all(&answer).await.is_err() {
         return;
     }
-    // Only the client that asked: its address, and the port it named (or
-    // the one its first datagram comes from).
+    // Only the client that asked: the address and port it named, or else
+    // its TCP connection's address and the port of its first datagram.
     let named = host
         .parse::<IpAddr>()
         .ok()
@@ -227,15 +232,25 @@ async fn associate(mut ctl: TcpStream, session: SessionHandle, host: String, por
         .map(|ip| SocketAddr::new(ip, port));
     let flows: Flows<(String, u16)> = Flows::new(MAX_ASSOCIATION_FLOWS);
     let current = session.clone();
+    let session_closed = async move {
+        current.closed().await;
+    };
+    tokio::pin!(session_closed);
+    let current = session.clone();
     let session = move || (!current.is_closed()).then(|| current.clone());
-    let mut buf = vec![0u8; MAX_DATAGRAM];
+    // Room for the longest header (a 255-byte name) and the longest
+    // datagram a frame carries, and one byte more to see a longer one.
+    let mut buf = vec![0u8; 4 + 1 + 255 + 2 + MAX_DATAGRAM + 1];
     let mut ctl_buf = [0u8; 64];
     let mut sweep = tokio::time::interval(crate::udp::SWEEP);
     loop {
         tokio::select! {
             r = sock.recv_from(&mut buf) => {
                 let Ok((n, from)) = r else { continue };
-                let ours = from.ip() == peer.ip() && client.is_none_or(|c| c == from);
+                let ours = match client {
+                    Some(c) => c == from,
+                    None => from.ip() == peer.ip(),
+                };
                 if !ours {
                     continue;
                 }
@@ -249,6 +264,9 @@ async fn associate(mut ctl: TcpStream, session: SessionHandle, host: String, por
                         continue;
                     }
                 };
+                if !crate::udp::fits(n - at) {
+                    continue;
+                }
                 let payload = Bytes::copy_from_slice(&buf[at..n]);
                 let dest = format_target(Transport::Udp, &host, port);
                 let mut header = vec![0, 0, 0];
@@ -266,8 +284,10 @@ async fn associate(mut ctl: TcpStream, session: SessionHandle, host: String, por
                 flows.send((host, port), &dest, payload, reply, &session);
             }
             _ = sweep.tick() => flows.expire(),
-            // The association lives as long as the TCP connection.
+            // The association lives as long as the TCP connection, and
+            // its session: the client asks again, on the next one.
             r = ctl.read(&mut ctl_buf) => if !matches!(r, Ok(n) if n > 0) { return },
+            _ = session_closed.as_mut() => return,
         }
     }
 }

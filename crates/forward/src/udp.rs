@@ -37,6 +37,9 @@ pub const MAX_FLOWS: usize = 4096;
 pub const OPENING_QUEUE: usize = 16;
 /// … and their bytes.
 pub const OPENING_BYTES: usize = 64 * 1024;
+/// Bytes all the flows of one listener (or association) keep while they
+/// open: a peer that leaves OPENs unanswered holds no more.
+pub const OPENING_TOTAL: usize = 1 << 20;
 /// How long a refused destination is not asked again.
 pub const REFUSED_HOLD: Duration = Duration::from_secs(5);
 /// How often idle flows are looked for.
@@ -101,16 +104,43 @@ struct Entry {
 /// The lock is never held while the session's is wanted by someone else
 /// who then waits for this one (sinks only touch atomics).
 pub(crate) struct Flows<K> {
-    table: Arc<Mutex<HashMap<K, Entry>>>,
+    table: Arc<Mutex<Table<K>>>,
     max: usize,
     start: Instant,
+}
+
+struct Table<K> {
+    flows: HashMap<K, Entry>,
+    /// Bytes queued in flows still opening (≤ [`OPENING_TOTAL`]).
+    opening: usize,
+}
+
+impl<K: std::hash::Hash + Eq> Table<K> {
+    /// Forgets flow `key` (its opening queue no longer counts).
+    fn remove(&mut self, key: &K) {
+        if let Some(e) = self.flows.remove(key) {
+            self.opening -= e.state.queued_bytes();
+        }
+    }
+}
+
+impl State {
+    fn queued_bytes(&self) -> usize {
+        match self {
+            State::Opening { bytes, .. } => *bytes,
+            _ => 0,
+        }
+    }
 }
 
 impl<K: std::hash::Hash + Eq + Clone + Send + 'static> Flows<K> {
     /// A table of at most `max` flows.
     pub(crate) fn new(max: usize) -> Flows<K> {
         Flows {
-            table: Arc::default(),
+            table: Arc::new(Mutex::new(Table {
+                flows: HashMap::new(),
+                opening: 0,
+            })),
             max,
             start: Instant::now(),
         }
@@ -127,8 +157,9 @@ impl<K: std::hash::Hash + Eq + Clone + Send + 'static> Flows<K> {
         reply: impl FnOnce() -> Reply,
         session: &impl Fn() -> Option<SessionHandle>,
     ) {
-        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(e) = t.get_mut(&key) {
+        let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let t = &mut *guard;
+        if let Some(e) = t.flows.get_mut(&key) {
             if !e.source.ended.load(Ordering::Relaxed) {
                 match &mut e.state {
                     State::Open(flow) => {
@@ -139,9 +170,14 @@ impl<K: std::hash::Hash + Eq + Clone + Send + 'static> Flows<K> {
                         return;
                     }
                     State::Opening { queued, bytes } => {
-                        if queued.len() < OPENING_QUEUE && *bytes + payload.len() <= OPENING_BYTES {
+                        let n = payload.len();
+                        if queued.len() < OPENING_QUEUE
+                            && *bytes + n <= OPENING_BYTES
+                            && t.opening + n <= OPENING_TOTAL
+                        {
                             e.source.touch();
-                            *bytes += payload.len();
+                            *bytes += n;
+                            t.opening += n;
                             queued.push(payload);
                         } else {
                             dropped(dest, "its flow is still opening");
@@ -157,8 +193,11 @@ impl<K: std::hash::Hash + Eq + Clone + Send + 'static> Flows<K> {
             // Ended, or refused long enough ago: a new flow.
             t.remove(&key);
         }
-        if t.len() >= self.max {
+        if t.flows.len() >= self.max {
             return dropped(dest, "too many flows");
+        }
+        if t.opening + payload.len() > OPENING_TOTAL {
+            return dropped(dest, "too many datagrams wait for flows to open");
         }
         let Some(session) = session() else {
             return dropped(dest, "no session");
@@ -171,18 +210,19 @@ impl<K: std::hash::Hash + Eq + Clone + Send + 'static> Flows<K> {
             start: self.start,
         });
         new.touch();
+        t.opening += payload.len();
         let state = State::Opening {
             bytes: payload.len(),
             queued: vec![payload],
         };
-        t.insert(
+        t.flows.insert(
             key.clone(),
             Entry {
                 state,
                 source: new.clone(),
             },
         );
-        drop(t);
+        drop(guard);
         let (table, dest) = (self.table.clone(), dest.to_owned());
         tokio::spawn(async move {
             let flow = match session.open(&dest).await {
@@ -195,11 +235,17 @@ impl<K: std::hash::Hash + Eq + Clone + Send + 'static> Flows<K> {
                     None
                 }
             };
-            let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+            let mut guard = table.lock().unwrap_or_else(|p| p.into_inner());
+            let t = &mut *guard;
             // Still the entry this task opens for (not expired meanwhile)?
-            let Some(e) = t.get_mut(&key).filter(|e| Arc::ptr_eq(&e.source, &new)) else {
+            let Some(e) = t
+                .flows
+                .get_mut(&key)
+                .filter(|e| Arc::ptr_eq(&e.source, &new))
+            else {
                 return;
             };
+            t.opening -= e.state.queued_bytes();
             let Some(flow) = flow else {
                 e.state = State::Refused {
                     until: Instant::now() + REFUSED_HOLD,
@@ -222,22 +268,37 @@ impl<K: std::hash::Hash + Eq + Clone + Send + 'static> Flows<K> {
     /// forgets refusals that are old enough.
     pub(crate) fn expire(&self) {
         let now = Instant::now();
-        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
-        t.retain(|_, e| {
+        let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let t = &mut *guard;
+        let opening = &mut t.opening;
+        t.flows.retain(|_, e| {
             let s = &e.source;
             let limit = if s.answered.load(Ordering::Relaxed) {
                 FLOW_IDLE_ANSWERED
             } else {
                 FLOW_IDLE
             };
-            match e.state {
+            let keep = match e.state {
                 State::Refused { until } => now < until,
                 // An open that takes longer than the idle limit: the
                 // session's open timeout ends it first; the entry goes too.
                 _ => !s.ended.load(Ordering::Relaxed) && s.idle() < limit,
+            };
+            if !keep {
+                *opening -= e.state.queued_bytes();
             }
+            keep
         });
     }
+}
+
+/// `n` bytes fit a frame; else the datagram is dropped (counted).
+pub(crate) fn fits(n: usize) -> bool {
+    let ok = n <= MAX_DATAGRAM;
+    if !ok {
+        dropped("", "longer than a frame carries");
+    }
+    ok
 }
 
 /// Counts a dropped datagram (throttled log line).
@@ -247,9 +308,19 @@ fn dropped(dest: &str, why: &str) {
     }
 }
 
+/// Kernel buffers asked for a listener's socket (the kernel caps them at
+/// `net.core.rmem_max`/`wmem_max`): one socket takes every source's
+/// datagrams, and bursts at a gigabit overflow the default 208 KiB while
+/// the session is busy. They cost memory only while datagrams wait.
+pub const LISTENER_BUFFERS: usize = 4 << 20;
+
 /// A UDP socket bound to `addr` (a listener), for the runtime.
 pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     let s = std::net::UdpSocket::bind(addr)?;
+    let r = socket2::SockRef::from(&s);
+    // Best effort: smaller buffers only lose more under bursts.
+    let _ = r.set_recv_buffer_size(LISTENER_BUFFERS);
+    let _ = r.set_send_buffer_size(LISTENER_BUFFERS);
     s.set_nonblocking(true)?;
     UdpSocket::from_std(s)
 }
@@ -265,22 +336,27 @@ pub(crate) async fn serve(
 ) {
     let sock = Arc::new(sock);
     let flows = Flows::new(MAX_FLOWS);
-    let mut buf = vec![0u8; MAX_DATAGRAM];
+    // One byte more than a frame holds: a longer datagram is seen as such.
+    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     let mut sweep = tokio::time::interval(SWEEP);
     tokio::pin!(stop);
     loop {
         tokio::select! {
             r = sock.recv_from(&mut buf) => {
                 // Errors are ICMP reports for earlier answers: nothing to do.
-                if let Ok((n, from)) = r {
-                    let payload = Bytes::copy_from_slice(&buf[..n]);
-                    let reply = || -> Reply {
-                        let sock = sock.clone();
-                        // A full socket buffer: lost, as on the network.
-                        Box::new(move |d: &[u8]| { let _ = sock.try_send_to(d, from); })
-                    };
-                    flows.send(from, &dest, payload, reply, &session);
+                let Ok((n, from)) = r else { continue };
+                if !fits(n) {
+                    continue;
                 }
+                let payload = Bytes::copy_from_slice(&buf[..n]);
+                let reply = || -> Reply {
+                    let sock = sock.clone();
+                    // A full socket buffer: lost, as on the network.
+                    Box::new(move |d: &[u8]| {
+                        let _ = sock.try_send_to(d, from);
+                    })
+                };
+                flows.send(from, &dest, payload, reply, &session);
             }
             _ = sweep.tick() => flows.expire(),
             _ = &mut stop => return,

@@ -90,12 +90,11 @@ async fn datagrams_cross_a_udp_forward_whole_and_answers_go_to_their_source() {
         UdpSocket::bind("127.0.0.1:0").await.unwrap(),
         UdpSocket::bind("127.0.0.1:0").await.unwrap(),
     ];
-    for (i, size) in [0usize, 1, 512, 1400, 9000, 65_507].into_iter().enumerate() {
+    for size in [0usize, 1, 512, 1400, 9000, 65_507] {
         for (k, s) in sources.iter().enumerate() {
             let d = random_bytes(size.saturating_sub(k));
             let answer = within(20, ask(s, fwd, &d)).await;
             check_answer(&d, &answer);
-            assert!(i < 6);
         }
     }
     // Many at once from one source, answered in any order but every one
@@ -162,16 +161,27 @@ async fn a_reverse_udp_forward_reaches_back_to_the_client_side() {
         let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         s.local_addr().unwrap().port()
     };
+    // A TCP bind rule for the port does not let a UDP listener bind it.
     let server = start_server(
         Rules::default(),
         BindRules::new(vec![port.to_string().parse().unwrap()], false),
     )
     .await;
     let mut cfg = client_config(server);
-    cfg.remote = vec![udp_fwd(
-        &format!("udp:{port}:127.0.0.1:{}", echo.port()),
-        "-R",
-    )];
+    let spec = udp_fwd(&format!("udp:{port}:127.0.0.1:{}", echo.port()), "-R");
+    cfg.remote = vec![spec.clone()];
+    let err = Client::start(cfg)
+        .await
+        .err()
+        .expect("a TCP rule bound UDP");
+    assert!(err.to_string().contains("not allowed"), "{err}");
+    let server = start_server(
+        Rules::default(),
+        BindRules::new(vec![format!("udp:{port}").parse().unwrap()], false),
+    )
+    .await;
+    let mut cfg = client_config(server);
+    cfg.remote = vec![spec];
     let client = Client::start(cfg).await.unwrap();
     assert_eq!(client.remote_ports, vec![port]);
     let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();

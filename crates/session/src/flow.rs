@@ -17,9 +17,9 @@ use tokio::net::UdpSocket;
 
 use crate::runtime::Shared;
 
-/// Largest datagram a flow reads from its socket (the largest UDP payload
-/// over IPv4).
-pub const MAX_DATAGRAM: usize = 65_507;
+/// Largest datagram a flow carries (what one DATAGRAM frame holds; the
+/// largest UDP payload is 65 507 bytes over IPv4, 65 527 over IPv6).
+pub const MAX_DATAGRAM: usize = longhaul_proto::frame::MAX_DATA_PAYLOAD;
 
 /// Where a flow's datagrams from the peer go. Called with the session's
 /// state held: must not block (a socket that has no room drops).
@@ -84,6 +84,8 @@ pub(crate) fn spawn_connected(shared: &Arc<Shared>, id: u32, sock: UdpSocket) {
     let local = sock.peer_addr().ok().map(|a| a.to_string());
     let sock = Arc::new(sock);
     if !shared.attach_flow(id, Arc::new(Connected(sock.clone()))) {
+        // It finished already: nothing of it is kept.
+        shared.forget_unattached(id);
         return;
     }
     let me = shared.clone();
@@ -92,11 +94,14 @@ pub(crate) fn spawn_connected(shared: &Arc<Shared>, id: u32, sock: UdpSocket) {
             if sock.readable().await.is_err() {
                 return me.with(|m, _| m.abort(id));
             }
-            let mut buf = vec![0u8; MAX_DATAGRAM];
+            // One byte more than a frame holds: a longer datagram is seen
+            // as such (and dropped), never cut.
+            let mut buf = vec![0u8; MAX_DATAGRAM + 1];
             let mut taken = 0;
             while taken < BURST {
                 taken += 1;
                 match sock.try_recv(&mut buf) {
+                    Ok(n) if n > MAX_DATAGRAM => {}
                     Ok(n) => {
                         let payload = Bytes::copy_from_slice(&buf[..n]);
                         // Dropped when it cannot go: counted by the core.
@@ -106,10 +111,10 @@ pub(crate) fn spawn_connected(shared: &Arc<Shared>, id: u32, sock: UdpSocket) {
                         taken = 0;
                         break;
                     }
-                    // An ICMP error for an earlier send (port unreachable):
-                    // the destination may come back; keep the flow.
-                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
-                    Err(_) => return me.with(|m, _| m.abort(id)),
+                    // ICMP errors for earlier sends (port or host
+                    // unreachable), reported once each: the destination may
+                    // come back, and anyone can forge them; keep the flow.
+                    Err(_) => {}
                 }
             }
             if taken == BURST {

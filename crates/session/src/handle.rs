@@ -42,7 +42,9 @@ impl Opened {
         if self.shared.attach_flow(self.id, sink) {
             Some(flow)
         } else {
-            // Dropping it closes what is left of the stream.
+            // It finished already: what it left goes, and dropping the
+            // flow closes whatever is left of the stream.
+            self.shared.forget_unattached(self.id);
             drop(flow);
             None
         }
@@ -263,6 +265,12 @@ impl SessionHandle {
     /// preamble sent) as lane `number` of this striped session.
     pub async fn join_lane(&self, carrier: Carrier, number: u8) -> Result<(), SessionError> {
         crate::resume::join_lane(&self.shared, carrier, number).await
+    }
+
+    /// Whether the session can carry UDP flows (native mode; JMUX has no
+    /// datagrams).
+    pub fn carries_datagrams(&self) -> bool {
+        self.shared.config.mode != crate::Mode::Jmux
     }
 
     /// Whether the session can outlive its carrier (both sides offered

@@ -25,7 +25,7 @@ pub enum Dropped {
     /// The flow is not open (closed, closing, or not yet answered), or the
     /// session is over.
     NotOpen,
-    /// Longer than a frame can carry.
+    /// Longer than a frame to this peer can carry.
     TooLarge,
     /// The session has no carrier now (waiting for a resume).
     Detached,
@@ -107,7 +107,8 @@ impl Mux {
         if !matches!(s.phase, Phase::Open { .. }) {
             return Err(Dropped::NotOpen);
         }
-        if payload.len() > MAX_DATA_PAYLOAD {
+        // What the peer's frame limit (agreed in the hello) lets through.
+        if payload.len() > self.cfg.send_max_payload.min(MAX_DATA_PAYLOAD) {
             return Err(Dropped::TooLarge);
         }
         if !self.attached {
@@ -191,7 +192,7 @@ mod tests {
             jmux: false,
             extensions: true,
             our_max_packet: 4096,
-            send_max_payload: 4096,
+            send_max_payload: MAX_DATA_PAYLOAD,
             resumable: false,
         })
     }
@@ -211,6 +212,53 @@ mod tests {
             to.handle_frame(f, 0).unwrap();
         }
         seen
+    }
+
+    /// A TCP-like stream opened and answered: our id.
+    fn stream(a: &mut Mux, b: &mut Mux) -> u32 {
+        let id = a.open("tcp://bulk:1", 0).unwrap();
+        pump(a, b);
+        let open = loop {
+            match b.poll_event() {
+                Some(Event::OpenRequest { open, .. }) => break open,
+                Some(_) => {}
+                None => panic!("no open request"),
+            }
+        };
+        b.accept_open(open, 0).unwrap();
+        pump(b, a);
+        while a.poll_event().is_some() {}
+        id
+    }
+
+    /// A flood of small datagrams takes at most half of each batch while a
+    /// stream has data waiting; it alone may take a whole batch.
+    #[test]
+    fn a_datagram_flood_does_not_starve_the_streams() {
+        let (mut a, mut b) = (mux(), mux());
+        let (flow_a, _) = flow(&mut a, &mut b);
+        let id = stream(&mut a, &mut b);
+        let fill =
+            |a: &mut Mux| while a.send_datagram(flow_a, Bytes::from(vec![5u8; 100])).is_ok() {};
+        fill(&mut a);
+        let mut batch = VecDeque::new();
+        a.poll_transmit(&mut batch, 64 << 10, 32);
+        assert_eq!(batch.len(), 32, "datagrams alone fill a batch");
+        fill(&mut a);
+        a.send(id, Bytes::from(vec![1u8; 4000]));
+        let mut batch = VecDeque::new();
+        a.poll_transmit(&mut batch, 64 << 10, 32);
+        let datagrams = batch.iter().filter(|f| f.is_datagram()).count();
+        assert!(
+            datagrams <= 16 && datagrams > 0,
+            "{datagrams} datagrams of 32 frames"
+        );
+        assert!(batch.iter().any(|f| !f.is_datagram()), "no DATA went");
+        // A full replay buffer (no room for sequenced bytes): datagrams
+        // still go, DATA waits.
+        let mut batch = VecDeque::new();
+        a.poll_transmit(&mut batch, 0, 32);
+        assert!(!batch.is_empty() && batch.iter().all(|f| f.is_datagram()));
     }
 
     /// A flow opened and answered, as both sides see it: (ours, theirs).

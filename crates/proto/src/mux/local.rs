@@ -293,7 +293,10 @@ impl Mux {
 
     /// Takes frames to write into `batch`: the whole control lane first,
     /// then datagrams, then DATA in deficit round-robin order, while under
-    /// `max_bytes` and `max_frames`. Returns the bytes taken; streams that were waiting for
+    /// `max_bytes` and `max_frames`. While streams have data waiting,
+    /// datagrams take at most half of either, so a flood of them cannot
+    /// starve the streams; datagrams are not sequenced, so they still go
+    /// when `max_bytes` is 0 (a full replay buffer). Returns the bytes taken; streams that were waiting for
     /// queue room get [`Event::Writable`].
     pub fn poll_transmit(
         &mut self,
@@ -308,12 +311,24 @@ impl Mux {
             batch.push_back(OutFrame::encoded(f));
         }
         let mut data_bytes = 0;
-        while !self.datagrams.apart && data_bytes < max_bytes && batch.len() < max_frames {
-            let Some(f) = self.datagrams.pop() else {
-                break;
+        if !self.datagrams.apart {
+            let room = max_frames.saturating_sub(batch.len());
+            let (dg_bytes, dg_frames) = if self.data.is_empty() || max_bytes == 0 {
+                (super::datagram::DATAGRAM_QUEUE, room)
+            } else {
+                (max_bytes / 2, room / 2)
             };
-            data_bytes += f.remaining();
-            batch.push_back(f);
+            let (mut taken, mut frames) = (0, 0);
+            // At least one, whatever the limits: a datagram is never cut.
+            while frames == 0 || (taken < dg_bytes && frames < dg_frames) {
+                let Some(f) = self.datagrams.pop() else {
+                    break;
+                };
+                taken += f.remaining();
+                frames += 1;
+                batch.push_back(f);
+            }
+            bytes += taken;
         }
         while data_bytes < max_bytes && batch.len() < max_frames {
             let Some((id, f)) = self.data.pop() else {
