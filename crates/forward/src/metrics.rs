@@ -68,6 +68,25 @@ struct Totals {
     resumes: u64,
     replayed: u64,
     stalls: u64,
+    datagrams: [u64; 3],
+}
+
+impl Totals {
+    fn add(&mut self, s: &longhaul_session::SessionStats) {
+        self.sent += s.bytes_sent;
+        self.received += s.bytes_received;
+        self.resumes += s.resumes;
+        self.replayed += s.replayed;
+        self.stalls += s.window_stalls;
+        let d = &s.datagrams;
+        for (t, n) in self
+            .datagrams
+            .iter_mut()
+            .zip([d.sent, d.received, d.dropped])
+        {
+            *t += n;
+        }
+    }
 }
 
 #[derive(Default)]
@@ -98,11 +117,7 @@ impl Drop for Tracked {
         let mut g = self.metrics.lock();
         if let Some((_, h)) = g.live.remove(&self.id) {
             let s = h.stats();
-            g.ended.sent += s.bytes_sent;
-            g.ended.received += s.bytes_received;
-            g.ended.resumes += s.resumes;
-            g.ended.replayed += s.replayed;
-            g.ended.stalls += s.window_stalls;
+            g.ended.add(&s);
         }
     }
 }
@@ -185,11 +200,7 @@ impl Collector for Scrape {
         let mut t = ended;
         let (mut attached, mut detached, mut streams) = (0, 0, 0);
         for (_, _, s) in &stats {
-            t.sent += s.bytes_sent;
-            t.received += s.bytes_received;
-            t.resumes += s.resumes;
-            t.replayed += s.replayed;
-            t.stalls += s.window_stalls;
+            t.add(s);
             streams += s.streams as i64;
             match s.detached {
                 true => detached += 1,
@@ -244,6 +255,17 @@ impl Collector for Scrape {
             "Times a stream had data to send and waited for the peer's window.",
             t.stalls,
         )?;
+        {
+            let mut f = e.encode_descriptor(
+                "longhaul_datagrams",
+                "UDP datagrams of flows: sent, received, or dropped (no room, no carrier, too long, flow closed).",
+                None,
+                MetricType::Counter,
+            )?;
+            for (what, n) in ["sent", "received", "dropped"].iter().zip(t.datagrams) {
+                ConstCounter::new(n).encode(f.encode_family(&[("what", *what)])?)?;
+            }
+        }
         {
             let mut f = e.encode_descriptor(
                 "longhaul_refused",

@@ -210,6 +210,11 @@ fn snapshot(role: &str, started: Instant, metrics: &Metrics) -> Value {
                 "bytes_received": s.bytes_received,
                 "resumes": s.resumes,
                 "window_stalls": s.window_stalls,
+                "datagrams": {
+                    "sent": s.datagrams.sent,
+                    "received": s.datagrams.received,
+                    "dropped": s.datagrams.dropped,
+                },
                 "streams": streams,
             })
         })
@@ -261,7 +266,7 @@ pub fn human(v: &Value) -> String {
     );
     for s in v["sessions"].as_array().into_iter().flatten() {
         out += &format!(
-            "  {}{}  up {}  rtt {:.1} ms  streams {}  sent {}  received {}{}\n",
+            "  {}{}  up {}  rtt {:.1} ms  streams {}  sent {}  received {}{}{}\n",
             shown(s["peer"].as_str().unwrap_or("?")),
             if s["detached"] == true {
                 " (detached)"
@@ -275,6 +280,13 @@ pub fn human(v: &Value) -> String {
             bytes(num(&s["bytes_received"])),
             match s["lanes"].as_u64() {
                 Some(n) if n > 1 => format!("  lanes {n}"),
+                _ => String::new(),
+            },
+            match &s["datagrams"] {
+                d if num(&d["sent"]) + num(&d["received"]) + num(&d["dropped"]) > 0.0 => format!(
+                    "  datagrams sent {} received {} dropped {}",
+                    d["sent"], d["received"], d["dropped"]
+                ),
                 _ => String::new(),
             }
         );

@@ -121,6 +121,9 @@ async fn datagrams_cross_a_udp_forward_whole_and_answers_go_to_their_source() {
     }
     // Loopback drops nothing at this rate.
     assert_eq!(answered, sent.len());
+    // The session counts them (`status`, metrics).
+    let d = client.session().stats().datagrams;
+    assert!(d.sent >= 68 && d.received >= 68, "{d:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -202,4 +202,7 @@ pub struct SessionStats {
     pub age: Duration,
     /// Waiting for a carrier (a resume).
     pub detached: bool,
+    /// UDP datagrams sent, received, and dropped here (no room, no
+    /// carrier, too long, or for a flow no longer open).
+    pub datagrams: longhaul_proto::mux::DatagramStats,
 }

@@ -202,7 +202,7 @@ impl SessionHandle {
     }
 
     pub fn stats(&self) -> SessionStats {
-        let s = self.shared.with(|m, _| m.stats());
+        let (s, datagrams) = self.shared.with(|m, _| (m.stats(), m.datagram_stats()));
         SessionStats {
             streams: s.streams,
             budget_used: s.budget_used,
@@ -218,6 +218,7 @@ impl SessionHandle {
                 .load(std::sync::atomic::Ordering::Relaxed),
             age: self.shared.started.elapsed(),
             detached: self.is_detached(),
+            datagrams,
         }
     }
 
