@@ -15,6 +15,9 @@
 //!   echoed back by the server;
 //! * mode 4 (blocks, `bench goodput`): repeated `size u32 | size bytes`,
 //!   each answered by one byte once it is all there.
+//!
+//! `bench udp` talks to the server's UDP socket on the same port (see
+//! [`udp`]): every bench datagram is sent back as it is.
 #![forbid(unsafe_code)]
 
 pub mod carriers;
@@ -29,6 +32,7 @@ pub mod send;
 pub mod server;
 pub mod stats;
 pub mod tput;
+pub mod udp;
 
 pub const MAGIC: &[u8; 4] = b"LHB1";
 pub const MODE_UPLOAD: u8 = 1;

@@ -26,6 +26,28 @@ pub enum BenchCmd {
     /// Seed 004's table: direct vs tunnel per (delay, connections) over the
     /// WAN emulator, written as report.md, report.json and chart.svg. Needs root.
     Matrix(MatrixArgs),
+    /// UDP at a set rate and size, like iperf3 -u, measured over the round
+    /// trip (the bench server sends each datagram back): loss,
+    /// duplicates, reordering, round-trip p50/p99 and jitter.
+    Udp(UdpArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct UdpArgs {
+    /// HOST:PORT of a bench server (direct) or of a `-L udp:` forward to one.
+    pub addr: String,
+    /// Rate offered, e.g. 64kbit, 10mbit, 1gbit.
+    #[arg(short = 'b', long, default_value = "10mbit", value_parser = parse_rate)]
+    pub rate: u64,
+    /// Bytes per datagram (UDP payload, 20 to 65507).
+    #[arg(short = 'l', long, default_value_t = 1200, value_parser = clap::value_parser!(u32).range(20..=65507))]
+    pub size: u32,
+    /// Seconds to send.
+    #[arg(short = 't', long, default_value_t = 10.0)]
+    pub time: f64,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

@@ -136,9 +136,14 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             BenchCmd::Server(s) => {
                 let l = longhaul_carrier::bind_listener(s.listen)
                     .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", s.listen))?;
-                tracing::info!("bench server listening on {}", l.local_addr()?);
+                let at = l.local_addr()?;
+                let udp = tokio::net::UdpSocket::bind(at)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot listen for UDP on {at}: {e}"))?;
+                tracing::info!("bench server listening on {at} (TCP and UDP)");
                 tokio::select! {
                     _ = bench_server::run(l, s.buffer.map(|b| b as u32)) => {}
+                    _ = longhaul_bench::udp::reflect(udp) => {}
                     _ = tokio::signal::ctrl_c() => {}
                 }
                 Ok(())
@@ -165,6 +170,22 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 Ok(())
             }
             BenchCmd::Matrix(m) => longhaul_bench::matrix::run(m.into()).await,
+            BenchCmd::Udp(u) => {
+                let r = longhaul_bench::udp::run(longhaul_bench::udp::UdpOptions {
+                    addr: u.addr.clone(),
+                    rate: u.rate,
+                    size: u.size as usize,
+                    duration: std::time::Duration::from_secs_f64(u.time),
+                })
+                .await
+                .map_err(|e| anyhow::anyhow!("bench udp against {}: {e}", u.addr))?;
+                if u.json {
+                    println!("{}", serde_json::to_string_pretty(&r)?);
+                } else {
+                    print!("{}", r.human());
+                }
+                Ok(())
+            }
             BenchCmd::Goodput(o) => {
                 let r = longhaul_bench::goodput::run(longhaul_bench::goodput::GoodputOptions {
                     addr: o.addr.clone(),

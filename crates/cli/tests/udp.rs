@@ -1,7 +1,8 @@
 //! UDP through the real binaries: `dig` asks a real resolver (dnsmasq,
 //! started by the test on loopback with options of its own, never a system
-//! service) through `longhaul client -L udp:`, and a server whose rules do
-//! not allow UDP to the resolver answers nothing and says why.
+//! service) through `longhaul client -L udp:`, a server whose rules do
+//! not allow UDP to the resolver answers nothing and says why, and `bench
+//! udp` measures a direct path and a forward.
 
 mod common;
 
@@ -154,4 +155,37 @@ fn a_server_that_allows_no_udp_to_the_resolver_answers_nothing() {
         log.contains("not allowed"),
         "the server says nothing: {log}"
     );
+}
+
+/// `bench udp` against the bench server directly and through `-L udp:`:
+/// at a low rate on loopback every datagram comes back once.
+#[test]
+fn bench_udp_measures_a_direct_path_and_a_forward() {
+    let dir = tmpdir("bench-udp");
+    let bport = free_port();
+    let baddr = format!("127.0.0.1:{bport}");
+    let _bench = spawn_logged(
+        &["bench", "server", "--listen", &baddr],
+        &dir.join("bench.log"),
+    );
+    wait_port(bport);
+    let (_server, _client, lport) = tunnel(&dir, &format!("udp:{baddr}"), bport);
+    for addr in [baddr.clone(), format!("127.0.0.1:{lport}")] {
+        let out = Command::new(BIN)
+            .args([
+                "bench", "udp", &addr, "-b", "8mbit", "-l", "1000", "-t", "1", "--json",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(j["sent"], 1000, "{j}");
+        assert!(j["lost"].as_u64().unwrap() <= 10, "{addr}: {j}");
+        assert_eq!(j["duplicates"], 0, "{j}");
+        assert!(j["rtt_p50_us"].as_f64().unwrap() > 0.0, "{j}");
+    }
 }
