@@ -231,6 +231,9 @@ fn iovecs(batch: &VecDeque<OutFrame>, upto: usize) -> Vec<IoSlice<'_>> {
 /// of its stream is already in the batch; the first one that cannot move
 /// stops the pulling, so the control lane stays first in, first out, and
 /// DATA moves only once the control lane is empty.
+/// Datagrams one pull moves ahead of the batch at most.
+const URGENT_DATAGRAMS: usize = 8;
+
 fn pull_urgent(shared: &Arc<Shared>, batch: &mut VecDeque<OutFrame>) -> usize {
     let mut urgent: Vec<OutFrame> = Vec::new();
     let in_batch = |r: Option<u32>| r.is_some_and(|r| batch.iter().any(|f| f.recipient == Some(r)));
@@ -243,6 +246,16 @@ fn pull_urgent(shared: &Arc<Shared>, batch: &mut VecDeque<OutFrame>) -> usize {
         // stream's first DATA.
         while urgent.len() < MAX_IOV / 4 {
             let Some(f) = m.pop_new_data_if(|f| !in_batch(f.recipient)) else {
+                break;
+            };
+            urgent.push(f);
+        }
+        // Datagrams too (never sequenced, never cut): a voice packet must
+        // not wait for the bulk data this batch already holds, which on a
+        // slow path takes seconds. A few per pull, so that a flood of them
+        // cannot hold the batch back for good.
+        for _ in 0..URGENT_DATAGRAMS {
+            let Some(f) = m.pop_urgent_datagram() else {
                 break;
             };
             urgent.push(f);

@@ -156,6 +156,16 @@ impl Mux {
         self.datagrams.pop()
     }
 
+    /// The next datagram, to move ahead of frames a writer has already
+    /// taken, once the control lane is empty (a flow's OPEN_SUCCESS must
+    /// reach the peer before its datagrams).
+    pub fn pop_urgent_datagram(&mut self) -> Option<OutFrame> {
+        if !self.control.is_empty() {
+            return None;
+        }
+        self.datagrams.pop()
+    }
+
     pub fn datagram_stats(&self) -> DatagramStats {
         self.datagrams.stats
     }
