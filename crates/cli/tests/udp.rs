@@ -34,6 +34,16 @@ fn free_udp_port() -> u16 {
         .port()
 }
 
+/// A port free for both UDP and TCP (dnsmasq listens on both).
+fn free_dual_port() -> u16 {
+    loop {
+        let p = free_udp_port();
+        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
+            return p;
+        }
+    }
+}
+
 /// A resolver on 127.0.0.1:`port` that answers every name under `lh.test`
 /// with 198.18.0.7 and knows nothing else (no upstream, no hosts file).
 fn resolver(bin: &str, port: u16, dir: &Path) -> Kill {
@@ -51,10 +61,20 @@ fn resolver(bin: &str, port: u16, dir: &Path) -> Kill {
         .arg(format!("--pid-file={}", dir.join("dnsmasq.pid").display()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("dnsmasq.log")).unwrap())
         .spawn()
         .unwrap();
     Kill(child)
+}
+
+/// Waits until the resolver answers; says what it logged if it never does.
+fn wait_resolver(port: u16, dir: &Path) {
+    let t = std::time::Instant::now();
+    while dig(port, "direct.lh.test", 1, 1) != "198.18.0.7" {
+        let log = std::fs::read_to_string(dir.join("dnsmasq.log")).unwrap_or_default();
+        assert!(t.elapsed().as_secs() < 30, "dnsmasq never answered: {log}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// `dig @127.0.0.1 -p PORT NAME +short`, each try waiting `secs`.
@@ -117,12 +137,10 @@ fn dig_reaches_a_real_resolver_through_a_udp_forward() {
         return;
     };
     let dir = tmpdir("udp-dns");
-    let dns = free_udp_port();
+    let dns = free_dual_port();
     let _dns = resolver(bin, dns, &dir);
     // The resolver answers directly first (it may take a moment to start).
-    wait_until(10, "dnsmasq answering", || {
-        dig(dns, "direct.lh.test", 1, 1) == "198.18.0.7"
-    });
+    wait_resolver(dns, &dir);
     let (_server, _client, lport) = tunnel(&dir, &format!("udp:127.0.0.1:{dns}"), dns);
     for i in 0..20 {
         let name = format!("host{i}.lh.test");
@@ -141,11 +159,9 @@ fn a_server_that_allows_no_udp_to_the_resolver_answers_nothing() {
         return;
     };
     let dir = tmpdir("udp-dns-refused");
-    let dns = free_udp_port();
+    let dns = free_dual_port();
     let _dns = resolver(bin, dns, &dir);
-    wait_until(10, "dnsmasq answering", || {
-        dig(dns, "direct.lh.test", 1, 1) == "198.18.0.7"
-    });
+    wait_resolver(dns, &dir);
     // TCP to the resolver's port is allowed; UDP is not.
     let (_server, _client, lport) = tunnel(&dir, &format!("127.0.0.1:{dns}"), dns);
     let answer = dig(lport, "refused.lh.test", 2, 1);

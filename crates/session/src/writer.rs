@@ -237,6 +237,10 @@ const URGENT_DATAGRAMS: usize = 8;
 fn pull_urgent(shared: &Arc<Shared>, batch: &mut VecDeque<OutFrame>) -> usize {
     let mut urgent: Vec<OutFrame> = Vec::new();
     let in_batch = |r: Option<u32>| r.is_some_and(|r| batch.iter().any(|f| f.recipient == Some(r)));
+    // Datagrams already waiting in the batch count against the few moved
+    // forward: a carrier that takes nothing must not collect them here
+    // (the session's queue is their bound).
+    let waiting = batch.iter().filter(|f| f.is_datagram()).count();
     shared.with(|m, _| {
         while let Some(f) = m.pop_control_if(|r| !in_batch(r)) {
             urgent.push(f);
@@ -252,9 +256,9 @@ fn pull_urgent(shared: &Arc<Shared>, batch: &mut VecDeque<OutFrame>) -> usize {
         }
         // Datagrams too (never sequenced, never cut): a voice packet must
         // not wait for the bulk data this batch already holds, which on a
-        // slow path takes seconds. A few per pull, so that a flood of them
+        // slow path takes seconds. A few at a time, so that a flood of them
         // cannot hold the batch back for good.
-        for _ in 0..URGENT_DATAGRAMS {
+        for _ in waiting..URGENT_DATAGRAMS {
             let Some(f) = m.pop_urgent_datagram() else {
                 break;
             };
