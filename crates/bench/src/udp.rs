@@ -20,6 +20,10 @@ use tokio::net::UdpSocket;
 use crate::stats::percentile;
 
 pub const UDP_MAGIC: &[u8; 4] = b"LHU1";
+/// What the reflector sends back: never reflected again, so two
+/// reflectors (or a reflector and any echo service) cannot be made to
+/// bounce a forged datagram between them for ever.
+pub const UDP_REPLY_MAGIC: &[u8; 4] = b"LHU2";
 const HEADER: usize = 20;
 /// Largest datagram the bench sends (the largest UDP payload over IPv4).
 pub const MAX_SIZE: usize = 65_507;
@@ -167,7 +171,7 @@ pub async fn run(opts: UdpOptions) -> std::io::Result<UdpResult> {
                 let Ok(n) = sock.recv(&mut buf).await else {
                     continue;
                 };
-                if n < HEADER || &buf[..4] != UDP_MAGIC {
+                if n < HEADER || &buf[..4] != UDP_REPLY_MAGIC {
                     continue;
                 }
                 let now = Instant::now();
@@ -226,8 +230,8 @@ pub async fn run(opts: UdpOptions) -> std::io::Result<UdpResult> {
 }
 
 /// The bench server's UDP side: every bench datagram goes back to its
-/// sender, as it is (one for one: nothing is amplified, and datagrams
-/// without the bench's magic get nothing).
+/// sender, marked as a reply (one for one: nothing is amplified; datagrams
+/// without the bench's magic, replies included, get nothing).
 pub async fn reflect(sock: UdpSocket) {
     let mut buf = vec![0u8; MAX_SIZE + 1];
     loop {
@@ -235,6 +239,7 @@ pub async fn reflect(sock: UdpSocket) {
             continue;
         };
         if n >= HEADER && &buf[..4] == UDP_MAGIC {
+            buf[..4].copy_from_slice(UDP_REPLY_MAGIC);
             let _ = sock.send_to(&buf[..n], from).await;
         }
     }

@@ -43,7 +43,7 @@ pub struct UdpArgs {
     #[arg(short = 'l', long, default_value_t = 1200, value_parser = clap::value_parser!(u32).range(20..=65507))]
     pub size: u32,
     /// Seconds to send.
-    #[arg(short = 't', long, default_value_t = 10.0)]
+    #[arg(short = 't', long, default_value_t = 10.0, value_parser = parse_seconds)]
     pub time: f64,
     /// Print the result as JSON.
     #[arg(long)]
@@ -59,7 +59,7 @@ pub struct MatrixArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,2,10", value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub conns: Vec<u16>,
     /// Seconds per measurement.
-    #[arg(short = 't', long, default_value_t = 10.0)]
+    #[arg(short = 't', long, default_value_t = 10.0, value_parser = parse_seconds)]
     pub time: f64,
     /// Seconds of warm-up before each throughput measurement, not measured (iperf3's -O).
     #[arg(short = 'O', long, default_value_t = 2.0, value_parser = parse_omit)]
@@ -120,7 +120,7 @@ pub struct TputArgs {
     #[arg(short = 'P', long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub parallel: u16,
     /// Seconds to run.
-    #[arg(short = 't', long, default_value_t = 10.0)]
+    #[arg(short = 't', long, default_value_t = 10.0, value_parser = parse_seconds)]
     pub time: f64,
     /// Reverse: the server sends.
     #[arg(short = 'R', long)]
@@ -216,7 +216,7 @@ pub struct GoodputArgs {
 #[derive(Args, Debug)]
 pub struct DemoArgs {
     /// Seconds per throughput measurement.
-    #[arg(short = 't', long, default_value_t = 3.0)]
+    #[arg(short = 't', long, default_value_t = 3.0, value_parser = parse_seconds)]
     pub time: f64,
     /// Round trips per rr size.
     #[arg(short = 'n', long, default_value_t = 1000)]

@@ -271,7 +271,7 @@ impl SessionHandle {
     /// Whether the session can carry UDP flows (native mode; JMUX has no
     /// datagrams).
     pub fn carries_datagrams(&self) -> bool {
-        self.shared.config.mode != crate::Mode::Jmux
+        self.shared.with(|m, _| m.config().extensions)
     }
 
     /// Whether the session can outlive its carrier (both sides offered

@@ -223,19 +223,30 @@ fn iovecs(batch: &VecDeque<OutFrame>, upto: usize) -> Vec<IoSlice<'_>> {
     slices
 }
 
-/// Moves urgent frames (the control lane, and streams that just became
-/// active) to right behind the frame being written. Returns how many
-/// frames now lead the batch and may go out in a direct send.
+/// Datagrams waiting in a batch ahead of its data, at most.
+const URGENT_DATAGRAMS: usize = 8;
+/// Bytes of datagrams a batch may move ahead of its data before it has
+/// written anything; then at most half of what it writes.
+const DATAGRAM_HEADSTART: usize = 16 * 1024;
+
+/// Moves urgent frames queued since the batch was taken to its front:
+/// control frames, DATA of streams that just became active, and a few
+/// datagrams within `datagram_budget` bytes. Returns how many frames now
+/// lead the batch that should go out first, and the datagram bytes moved.
 ///
 /// Order within a stream is never changed: a frame only moves if no frame
 /// of its stream is already in the batch; the first one that cannot move
 /// stops the pulling, so the control lane stays first in, first out, and
-/// DATA moves only once the control lane is empty.
-/// Datagrams one pull moves ahead of the batch at most.
-const URGENT_DATAGRAMS: usize = 8;
-
-fn pull_urgent(shared: &Arc<Shared>, batch: &mut VecDeque<OutFrame>) -> usize {
+/// DATA moves only once the control lane is empty. Moved frames go after
+/// the control frames and datagrams already at the batch's head, so a
+/// flow's datagrams keep their order and follow its OPEN_SUCCESS.
+fn pull_urgent(
+    shared: &Arc<Shared>,
+    batch: &mut VecDeque<OutFrame>,
+    datagram_budget: usize,
+) -> (usize, usize) {
     let mut urgent: Vec<OutFrame> = Vec::new();
+    let mut moved = 0;
     let in_batch = |r: Option<u32>| r.is_some_and(|r| batch.iter().any(|f| f.recipient == Some(r)));
     // Datagrams already waiting in the batch count against the few moved
     // forward: a carrier that takes nothing must not collect them here
@@ -256,24 +267,36 @@ fn pull_urgent(shared: &Arc<Shared>, batch: &mut VecDeque<OutFrame>) -> usize {
         }
         // Datagrams too (never sequenced, never cut): a voice packet must
         // not wait for the bulk data this batch already holds, which on a
-        // slow path takes seconds. A few at a time, so that a flood of them
-        // cannot hold the batch back for good.
+        // slow path takes seconds. A few at a time, and no more bytes than
+        // the budget, so that a flood of them cannot starve the batch.
         for _ in waiting..URGENT_DATAGRAMS {
+            if moved >= datagram_budget {
+                break;
+            }
             let Some(f) = m.pop_urgent_datagram() else {
                 break;
             };
+            moved += f.remaining();
             urgent.push(f);
         }
     });
     if urgent.is_empty() {
-        return 0;
+        return (0, 0);
     }
-    let at = usize::from(batch.front().is_some_and(|f| f.started));
+    // After a frame already started, and after the control frames and
+    // datagrams already leading the batch.
+    let started = usize::from(batch.front().is_some_and(|f| f.started));
+    let at = started
+        + batch
+            .iter()
+            .skip(started)
+            .take_while(|f| f.head().is_empty() || f.is_datagram())
+            .count();
     let count = urgent.len();
     for (i, f) in urgent.into_iter().enumerate() {
         batch.insert(at + i, f);
     }
-    at + count
+    (at + count, moved)
 }
 
 /// Writes the whole batch; returns whether the carrier pushed back (some
@@ -292,6 +315,9 @@ async fn write_batch(
     let mut partial = false;
     // Leading frames of the batch that are urgent and not yet fully sent.
     let mut stuck = 0usize;
+    // Bytes written, and bytes of datagrams moved ahead of the batch's data
+    // (at most half of what is written, past a head start).
+    let (mut written, mut moved) = (0usize, 0usize);
     while !batch.is_empty() {
         let step = {
             let slices = iovecs(batch, usize::MAX);
@@ -310,10 +336,13 @@ async fn write_batch(
             Step::Wrote(0) => return Err(io::ErrorKind::WriteZero.into()),
             Step::Wrote(n) => {
                 shared.written(batch, n);
+                written += n;
                 stuck = 0;
             }
             Step::Woken | Step::Retry => {
-                let pulled = pull_urgent(shared, batch);
+                let budget = (DATAGRAM_HEADSTART + written / 2).saturating_sub(moved);
+                let (pulled, datagrams) = pull_urgent(shared, batch, budget);
+                moved += datagrams;
                 if let (Some(f), true) = (&urgency.flag, pulled > 0) {
                     // Lowered once this batch is written.
                     f.store(true, Ordering::Relaxed);
@@ -323,7 +352,10 @@ async fn write_batch(
                     let before = batch.len();
                     let sent = u.try_send(&iovecs(batch, lead));
                     match sent {
-                        Ok(n) => shared.written(batch, n),
+                        Ok(n) => {
+                            shared.written(batch, n);
+                            written += n;
+                        }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         Err(e) => return Err(e),
                     }

@@ -160,10 +160,12 @@ impl Mux {
     /// taken, once the control lane is empty (a flow's OPEN_SUCCESS must
     /// reach the peer before its datagrams).
     pub fn pop_urgent_datagram(&mut self) -> Option<OutFrame> {
-        if !self.control.is_empty() {
+        if !self.control.is_empty() || self.datagrams.apart {
             return None;
         }
-        self.datagrams.pop()
+        let f = self.datagrams.pop()?;
+        self.bytes_sent += f.remaining() as u64;
+        Some(f)
     }
 
     pub fn datagram_stats(&self) -> DatagramStats {
