@@ -96,17 +96,22 @@ fn open_flow(a: &mut Connection, ia: CarrierId, b: &mut Connection, ib: CarrierI
     let id = a.mux_mut().open("udp://dns:53", 0).unwrap();
     let mut w = transmit(a, ia);
     b.on_bytes(ib, &mut w, true, 0);
-    let open = loop {
-        match b.mux_mut().poll_event() {
-            Some(crate::mux::Event::OpenRequest { open, .. }) => break open,
-            Some(_) => {}
-            None => panic!("no OPEN arrived"),
-        }
-    };
+    let open = open_request(b.mux_mut());
     let theirs = b.mux_mut().accept_open(open, 0).unwrap();
     let mut w = transmit(b, ib);
     a.on_bytes(ia, &mut w, true, 0);
     (id, theirs)
+}
+
+/// The peer's OPEN that `m` was handed.
+fn open_request(m: &mut Mux) -> crate::mux::IncomingOpen {
+    loop {
+        match m.poll_event() {
+            Some(crate::mux::Event::OpenRequest { open, .. }) => return open,
+            Some(_) => {}
+            None => panic!("no OPEN arrived"),
+        }
+    }
 }
 
 fn datagram_event(c: &mut Connection) -> Option<(u32, Bytes)> {
@@ -161,13 +166,7 @@ fn a_striped_datagram_does_not_wait_behind_a_stalled_lane() {
     let (mut b, lb) = with_lanes(2);
     let id = a.mux_mut().open("udp://dns:53", 0).unwrap();
     lane_read(&mut b, lb[0], lane_bytes(&mut a, la[0]));
-    let open = loop {
-        match b.mux_mut().poll_event() {
-            Some(crate::mux::Event::OpenRequest { open, .. }) => break open,
-            Some(_) => {}
-            None => panic!("no OPEN arrived"),
-        }
-    };
+    let open = open_request(b.mux_mut());
     let theirs = b.mux_mut().accept_open(open, 0).unwrap();
     lane_read(&mut a, la[0], lane_bytes(&mut b, lb[0]));
     // Lane 0 stalls with a keepalive PING in it: b's reorder buffer waits

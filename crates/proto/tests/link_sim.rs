@@ -667,24 +667,17 @@ fn run(seed: u64) -> Stats {
 
 #[test]
 fn every_byte_once_in_order_over_lanes_that_fail() {
-    if let Ok(seed) = std::env::var("LINK_SIM_SEED") {
-        let s = run(seed.parse().expect("a number"));
-        eprintln!("{s:?}");
-        return;
-    }
-    let seeds: u64 = std::env::var("LINK_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1000);
+    let seeds = common::seeds("LINK_SIM_SEED", "LINK_SIM_SEEDS", 1000);
+    let (n, one) = (seeds.end - seeds.start, seeds.end - seeds.start == 1);
     let mut total = Stats::default();
-    for seed in 0..seeds {
+    for seed in seeds {
         let s = run(seed);
         total.lanes_lost += s.lanes_lost;
         total.resumes += s.resumes;
         total.joins_refused += s.joins_refused;
         total.stale_refused += s.stale_refused;
     }
-    eprintln!("{seeds} seeds: {total:?}");
+    eprintln!("{n} seeds: {total:?}");
     // The seeds reach what they are for.
-    assert!(total.resumes > 0 && total.lanes_lost > 0 && total.stale_refused > 0);
+    assert!(one || (total.resumes > 0 && total.lanes_lost > 0 && total.stale_refused > 0));
 }

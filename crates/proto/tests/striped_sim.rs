@@ -722,17 +722,10 @@ fn run(seed: u64) -> Stats {
 
 #[test]
 fn two_connections_carry_every_stream_over_lanes_that_stall_and_fail() {
-    if let Ok(seed) = std::env::var("STRIPED_SIM_SEED") {
-        let s = run(seed.parse().expect("a number"));
-        eprintln!("{s:?}");
-        return;
-    }
-    let seeds: u64 = std::env::var("STRIPED_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1000);
+    let seeds = common::seeds("STRIPED_SIM_SEED", "STRIPED_SIM_SEEDS", 1000);
+    let (n, one) = (seeds.end - seeds.start, seeds.end - seeds.start == 1);
     let mut total = Stats::default();
-    for seed in 0..seeds {
+    for seed in seeds {
         let s = run(seed);
         total.lanes_lost += s.lanes_lost;
         total.stalls += s.stalls;
@@ -741,8 +734,8 @@ fn two_connections_carry_every_stream_over_lanes_that_stall_and_fail() {
         total.stale_refused += s.stale_refused;
         total.worst_interactive_ms = total.worst_interactive_ms.max(s.worst_interactive_ms);
     }
-    eprintln!("{seeds} seeds: {total:?}");
+    eprintln!("{n} seeds: {total:?}");
     // The seeds reach what they are for.
-    assert!(total.resumes > 0 && total.lanes_lost > 0 && total.stalls > 0);
-    assert!(total.stale_refused > 0 && total.joins_refused > 0);
+    assert!(one || (total.resumes > 0 && total.lanes_lost > 0 && total.stalls > 0));
+    assert!(one || (total.stale_refused > 0 && total.joins_refused > 0));
 }

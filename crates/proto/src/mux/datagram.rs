@@ -226,17 +226,22 @@ mod tests {
         seen
     }
 
+    /// The peer's OPEN that `b` was handed.
+    fn open_request(b: &mut Mux) -> crate::mux::IncomingOpen {
+        loop {
+            match b.poll_event() {
+                Some(Event::OpenRequest { open, .. }) => return open,
+                Some(_) => {}
+                None => panic!("no open request"),
+            }
+        }
+    }
+
     /// A TCP-like stream opened and answered: our id.
     fn stream(a: &mut Mux, b: &mut Mux) -> u32 {
         let id = a.open("tcp://bulk:1", 0).unwrap();
         pump(a, b);
-        let open = loop {
-            match b.poll_event() {
-                Some(Event::OpenRequest { open, .. }) => break open,
-                Some(_) => {}
-                None => panic!("no open request"),
-            }
-        };
+        let open = open_request(b);
         b.accept_open(open, 0).unwrap();
         pump(b, a);
         while a.poll_event().is_some() {}
@@ -277,13 +282,7 @@ mod tests {
     fn flow(a: &mut Mux, b: &mut Mux) -> (u32, u32) {
         let id = a.open("udp://dns:53", 0).unwrap();
         pump(a, b);
-        let open = loop {
-            match b.poll_event() {
-                Some(Event::OpenRequest { open, .. }) => break open,
-                Some(_) => {}
-                None => panic!("no open request"),
-            }
-        };
+        let open = open_request(b);
         let theirs = b.accept_open(open, 0).unwrap();
         pump(b, a);
         while !matches!(a.poll_event(), Some(Event::OpenAnswered { .. })) {}

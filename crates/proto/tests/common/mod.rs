@@ -13,6 +13,17 @@ pub const MS: u64 = 1_000_000;
 pub const CLIENT: usize = 0;
 pub const SERVER: usize = 1;
 
+/// The seeds a simulation runs: the one named by the environment variable
+/// `one` (to replay a failure), else `0..n` with `n` from `many` or
+/// `default`.
+pub fn seeds(one: &str, many: &str, default: u64) -> std::ops::Range<u64> {
+    let var = |name: &str| std::env::var(name).ok().and_then(|s| s.parse::<u64>().ok());
+    match var(one) {
+        Some(seed) => seed..seed + 1,
+        None => 0..var(many).unwrap_or(default),
+    }
+}
+
 /// xorshift64*: small, fast, and the same on every machine.
 pub struct Rng(pub u64);
 
