@@ -22,12 +22,10 @@ use bytes::{Bytes, BytesMut};
 use longhaul_proto::frame::{self, DecodeLimits, Frame, DATA_HEADER_LEN};
 use longhaul_proto::link::{Budget, CarrierId, Input, LinkLayer, Lost};
 use longhaul_proto::outframe::OutFrame;
-use longhaul_proto::resume::{Attach, Secret, SessionId};
+use longhaul_proto::resume::{Secret, SessionId};
 use longhaul_proto::stripe::chunk_target;
 
-use common::{Lane, Rng, Writer, CLIENT, MS, SERVER};
-
-const NO_BINDING: [u8; 32] = [0; 32];
+use common::{Dial, Dialer, Lane, Rng, Writer, CLIENT, MS, SERVER};
 
 /// The byte at `offset` of each side's stream.
 fn pattern(offset: u64) -> u8 {
@@ -45,8 +43,6 @@ struct Side {
     permit: bool,
     /// Single carrier: frames from the replay to write first after a resume.
     resend: VecDeque<OutFrame>,
-    /// `check_lane` passed for this lane number: attach it on the next tick.
-    joining: Option<(u8, u64)>,
 }
 
 struct Sim {
@@ -56,14 +52,7 @@ struct Sim {
     wanted: u8,
     sides: [Side; 2],
     lanes: Vec<Lane>,
-    /// The client's next dial (a lane or a resume) may start at this tick.
-    next_dial: u64,
-    /// A lane join in flight: (number, request, server check at, client attach at).
-    join: Option<(u8, Attach, u64)>,
-    /// A resume in flight: (request, server answers at), then the
-    /// server's offset for the client (client attaches at).
-    resume: Option<(Attach, u64)>,
-    resumed: Option<(u64, u64, CarrierId)>,
+    dialer: Dialer,
     fail_per_mille: u64,
     stall_per_mille: u64,
     limits: DecodeLimits,
@@ -181,7 +170,6 @@ impl Sim {
             eof: false,
             permit: false,
             resend: VecDeque::new(),
-            joining: None,
         };
         let sides = [side(&mut rng), side(&mut rng)];
         let mut sim = Sim {
@@ -190,10 +178,7 @@ impl Sim {
             wanted: lanes_n,
             sides,
             lanes: Vec::new(),
-            next_dial: 0,
-            join: None,
-            resume: None,
-            resumed: None,
+            dialer: Dialer::default(),
             fail_per_mille: [0, 2, 5, 20][rng.below(4) as usize],
             stall_per_mille: if striped { rng.below(4) } else { 0 },
             limits: DecodeLimits::default(),
@@ -285,133 +270,11 @@ impl Sim {
         self.dial(seed);
     }
 
-    /// The client dials: a lane more, or a resume once it has none.
+    /// The client dials (see `common::Dialer`).
     fn dial(&mut self, seed: u64) {
-        let now = self.now;
-        let rtt = 2 * self.rng.range(1, 30) * MS;
-        if let Some((ask, at)) = self.resume.take() {
-            if now < at {
-                self.resume = Some((ask, at));
-                return;
-            }
-            let Attach::Resume {
-                attempt,
-                received,
-                proof,
-                ..
-            } = ask
-            else {
-                unreachable!()
-            };
-            let srv = &mut self.sides[SERVER].link;
-            srv.check_resume("owner", attempt, received, &proof, &NO_BINDING)
-                .unwrap_or_else(|e| panic!("seed {seed}: resume refused: {e:?}"));
-            // The server drops whatever it still had (its lanes end).
-            for l in &mut self.lanes {
-                if l.ids[SERVER].take().is_some() {
-                    l.kill();
-                }
-            }
-            let (id, frames) = srv
-                .resume(0, received, now)
-                .unwrap_or_else(|e| panic!("seed {seed}: server resume: {e}"));
-            let mut lane = Lane::new(0, &mut self.rng);
-            lane.ids[SERVER] = Some(id);
-            self.sides[SERVER].resend = frames.into();
-            self.lanes.push(lane);
-            let ours = self.sides[SERVER].link.received();
-            self.resumed = Some((ours, now + rtt / 2, id));
-            return;
-        }
-        if let Some((ours, at, server_id)) = self.resumed {
-            if now < at {
-                return;
-            }
-            self.resumed = None;
-            let (id, frames) = self.sides[CLIENT]
-                .link
-                .resume(0, ours, now)
-                .unwrap_or_else(|e| panic!("seed {seed}: client resume: {e}"));
-            let lane = self
-                .lanes
-                .iter_mut()
-                .find(|l| l.ids[SERVER] == Some(server_id) && !l.dead);
-            if let Some(lane) = lane {
-                lane.ids[CLIENT] = Some(id);
-            } else {
-                // The new carrier died before the answer arrived.
-                self.sides[CLIENT].link.carrier_lost(id, now);
-            }
-            self.sides[CLIENT].resend = frames.into();
-            self.stats.resumes += 1;
-            self.next_dial = now + 10 * MS;
-            return;
-        }
-        if let Some((number, ask, at)) = self.join.take() {
-            if now < at {
-                self.join = Some((number, ask, at));
-                return;
-            }
-            let Attach::Lane {
-                attempt,
-                lane,
-                proof,
-                ..
-            } = ask
-            else {
-                unreachable!()
-            };
-            let srv = &mut self.sides[SERVER];
-            match srv
-                .link
-                .check_lane("owner", attempt, lane, &proof, &NO_BINDING)
-            {
-                // Attached a tick later: a failure may come in between.
-                Ok(()) => srv.joining = Some((number, now + MS)),
-                Err(_) => self.stats.joins_refused += 1,
-            }
-            self.next_dial = now + 20 * MS;
-            return;
-        }
-        if let Some((number, at)) = self.sides[SERVER].joining {
-            if now < at {
-                return;
-            }
-            self.sides[SERVER].joining = None;
-            let mut lane = Lane::new(number, &mut self.rng);
-            match self.sides[SERVER].link.attach(number) {
-                Ok(id) => lane.ids[SERVER] = Some(id),
-                Err(_) => {
-                    self.stats.joins_refused += 1;
-                    return;
-                }
-            }
-            // The client learns of it half a round trip later; here at once,
-            // unless it lost its last lane meanwhile.
-            match self.sides[CLIENT].link.attach(number) {
-                Ok(id) => lane.ids[CLIENT] = Some(id),
-                Err(_) => {
-                    self.stats.joins_refused += 1;
-                    lane.kill();
-                    lane.notice[SERVER] = Some(now + 50 * MS);
-                }
-            }
-            self.lanes.push(lane);
-            return;
-        }
-        if now < self.next_dial {
-            return;
-        }
-        let client = &mut self.sides[CLIENT].link;
-        if client.is_detached() {
-            let ask = client.resume_request(&NO_BINDING, now / MS);
-            self.resume = Some((ask, now + rtt / 2));
-        } else if self.striped && client.carriers().len() < self.wanted as usize {
-            let used: Vec<u8> = client.carriers().iter().map(|c| c.1).collect();
-            let number = (0..self.wanted).find(|n| !used.contains(n)).unwrap();
-            let ask = client.lane_request(number, &NO_BINDING, now / MS);
-            self.join = Some((number, ask, now + rtt / 2));
-        }
+        let mut d = std::mem::take(&mut self.dialer);
+        d.dial(self.now, seed, self.wanted, self);
+        self.dialer = d;
     }
 
     fn write(&mut self, side: usize) {
@@ -662,6 +525,8 @@ fn run(seed: u64) -> Stats {
                 .collect::<Vec<_>>(),
         );
     }
+    sim.stats.resumes = sim.dialer.resumes;
+    sim.stats.joins_refused = sim.dialer.joins_refused;
     sim.stats
 }
 
@@ -680,4 +545,28 @@ fn every_byte_once_in_order_over_lanes_that_fail() {
     eprintln!("{n} seeds: {total:?}");
     // The seeds reach what they are for.
     assert!(one || (total.resumes > 0 && total.lanes_lost > 0 && total.stale_refused > 0));
+}
+
+impl Dial for Sim {
+    fn link(&mut self, side: usize) -> &mut LinkLayer {
+        &mut self.sides[side].link
+    }
+
+    fn resume(&mut self, side: usize, peer_received: u64, now: u64) -> CarrierId {
+        let s = &mut self.sides[side];
+        let (id, frames) = s
+            .link
+            .resume(0, peer_received, now)
+            .unwrap_or_else(|e| panic!("resume of side {side}: {e}"));
+        s.resend = frames.into();
+        id
+    }
+
+    fn lost(&mut self, side: usize, id: CarrierId, now: u64) {
+        self.sides[side].link.carrier_lost(id, now);
+    }
+
+    fn world(&mut self) -> (&mut Vec<Lane>, &mut Rng) {
+        (&mut self.lanes, &mut self.rng)
+    }
 }

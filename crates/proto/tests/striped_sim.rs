@@ -32,13 +32,11 @@ use longhaul_proto::connection::{Connection, LaneOutput, Loss, Received};
 use longhaul_proto::frame::{self, DecodeLimits, Frame};
 use longhaul_proto::link::{CarrierId, LinkLayer, Lost};
 use longhaul_proto::mux::{Event, Mux, MuxConfig};
-use longhaul_proto::resume::{Attach, Secret, SessionId};
+use longhaul_proto::resume::{Secret, SessionId};
 use longhaul_proto::stripe::chunk_target;
 use longhaul_proto::window::WindowConfig;
 
-use common::{Lane, Rng, Writer, CLIENT, MS, SERVER};
-
-const NO_BINDING: [u8; 32] = [0; 32];
+use common::{Dial, Dialer, Lane, Rng, Writer, CLIENT, MS, SERVER};
 /// No byte of any stream for this long is a stall (a resume fits well
 /// inside; lanes stall for up to 15 s and must not hold the session).
 const PATIENCE: u64 = 5_000 * MS;
@@ -124,8 +122,6 @@ struct Side {
     streams: HashMap<u32, AppStream>,
     /// A wake stored for the next writer to wait (tokio's `notify_one`).
     permit: bool,
-    /// `check_lane` passed for this lane number: attach it at that tick.
-    joining: Option<(u8, u64)>,
 }
 
 #[derive(Default, Debug)]
@@ -150,14 +146,7 @@ struct Sim {
     /// Interactive messages on the way: (dir, stream index) → (end
     /// offset, sent at).
     in_flight: HashMap<(usize, usize), VecDeque<(u64, u64)>>,
-    /// The client's next dial (a lane or a resume) may start at this tick.
-    next_dial: u64,
-    /// A lane join in flight: (number, request, server checks at).
-    join: Option<(u8, Attach, u64)>,
-    /// A resume in flight: (request, server answers at), then the
-    /// server's offset for the client, when it arrives, and the lane.
-    resume: Option<(Attach, u64)>,
-    resumed: Option<(u64, u64, CarrierId)>,
+    dialer: Dialer,
     fail_per_mille: u64,
     stall_per_mille: u64,
     limits: DecodeLimits,
@@ -190,7 +179,6 @@ impl Sim {
                 conn: Connection::new(Mux::new(config()), Some(link), DecodeLimits::default()),
                 streams: HashMap::new(),
                 permit: false,
-                joining: None,
             }
         };
         let mut sim = Sim {
@@ -201,10 +189,7 @@ impl Sim {
             lanes: Vec::new(),
             plans,
             in_flight: HashMap::new(),
-            next_dial: 0,
-            join: None,
-            resume: None,
-            resumed: None,
+            dialer: Dialer::default(),
             fail_per_mille: [0, 2, 5, 20][rng.below(4) as usize],
             stall_per_mille: rng.range(1, 4),
             limits: DecodeLimits::default(),
@@ -406,136 +391,15 @@ impl Sim {
         self.lanes.retain(|l| l.ids != [None, None]);
     }
 
-    /// The client dials: a lane more, or a resume once it has none; the
-    /// server answers half a round trip later.
+    /// The client dials (see `common::Dialer`); a resumed side's writers
+    /// all look, and its multiplexer's events are handled.
     fn dial(&mut self) {
-        let (now, seed) = (self.now, self.seed);
-        let rtt = 2 * self.rng.range(1, 30) * MS;
-        if let Some((ask, at)) = self.resume.take() {
-            if now < at {
-                self.resume = Some((ask, at));
-                return;
-            }
-            let Attach::Resume {
-                attempt,
-                received,
-                proof,
-                ..
-            } = ask
-            else {
-                unreachable!()
-            };
-            let srv = &mut self.sides[SERVER].conn;
-            srv.link_mut()
-                .unwrap()
-                .check_resume("owner", attempt, received, &proof, &NO_BINDING)
-                .unwrap_or_else(|e| panic!("seed {seed}: resume refused: {e:?}"));
-            // The server drops whatever lanes it still had.
-            for l in &mut self.lanes {
-                if l.ids[SERVER].take().is_some() {
-                    l.kill();
-                }
-            }
-            let (id, _) = srv
-                .resume(0, received, now)
-                .unwrap_or_else(|e| panic!("seed {seed}: server resume: {e}"));
-            let ours = srv.link().unwrap().received();
-            let mut lane = Lane::new(0, &mut self.rng);
-            lane.ids[SERVER] = Some(id);
-            self.lanes.push(lane);
-            self.resumed = Some((ours, now + rtt / 2, id));
-            self.notify_all(SERVER);
-            self.after_input(SERVER);
-            return;
-        }
-        if let Some((ours, at, server_id)) = self.resumed {
-            if now < at {
-                return;
-            }
-            self.resumed = None;
-            let client = &mut self.sides[CLIENT].conn;
-            let (id, _) = client
-                .resume(0, ours, now)
-                .unwrap_or_else(|e| panic!("seed {seed}: client resume: {e}"));
-            let lane = self
-                .lanes
-                .iter_mut()
-                .find(|l| l.ids[SERVER] == Some(server_id) && !l.dead);
-            match lane {
-                Some(lane) => lane.ids[CLIENT] = Some(id),
-                // The new lane died before the answer arrived.
-                None => {
-                    client.carrier_lost(id, now, "lane lost");
-                }
-            }
-            self.stats.resumes += 1;
-            self.next_dial = now + 10 * MS;
-            self.notify_all(CLIENT);
-            self.after_input(CLIENT);
-            return;
-        }
-        if let Some((number, ask, at)) = self.join.take() {
-            if now < at {
-                self.join = Some((number, ask, at));
-                return;
-            }
-            let Attach::Lane {
-                attempt,
-                lane,
-                proof,
-                ..
-            } = ask
-            else {
-                unreachable!()
-            };
-            let srv = &mut self.sides[SERVER];
-            let link = srv.conn.link_mut().unwrap();
-            match link.check_lane("owner", attempt, lane, &proof, &NO_BINDING) {
-                // Attached a tick later: a failure may come in between.
-                Ok(()) => srv.joining = Some((number, now + MS)),
-                Err(_) => self.stats.joins_refused += 1,
-            }
-            self.next_dial = now + 20 * MS;
-            return;
-        }
-        if let Some((number, at)) = self.sides[SERVER].joining {
-            if now < at {
-                return;
-            }
-            self.sides[SERVER].joining = None;
-            let mut lane = Lane::new(number, &mut self.rng);
-            match self.sides[SERVER].conn.link_mut().unwrap().attach(number) {
-                Ok(id) => lane.ids[SERVER] = Some(id),
-                Err(_) => {
-                    self.stats.joins_refused += 1;
-                    return;
-                }
-            }
-            // The client learns of it at once, unless it lost its last lane
-            // meanwhile (then it resumes, and the server drops this one).
-            match self.sides[CLIENT].conn.link_mut().unwrap().attach(number) {
-                Ok(id) => lane.ids[CLIENT] = Some(id),
-                Err(_) => {
-                    self.stats.joins_refused += 1;
-                    lane.kill();
-                    lane.notice[SERVER] = Some(now + 50 * MS);
-                }
-            }
-            self.lanes.push(lane);
-            return;
-        }
-        if now < self.next_dial {
-            return;
-        }
-        let client = self.sides[CLIENT].conn.link_mut().unwrap();
-        if client.is_detached() {
-            let ask = client.resume_request(&NO_BINDING, now / MS);
-            self.resume = Some((ask, now + rtt / 2));
-        } else if client.carriers().len() < self.wanted as usize {
-            let used: Vec<u8> = client.carriers().iter().map(|c| c.1).collect();
-            let number = (0..self.wanted).find(|n| !used.contains(n)).unwrap();
-            let ask = client.lane_request(number, &NO_BINDING, now / MS);
-            self.join = Some((number, ask, now + rtt / 2));
+        let mut d = std::mem::take(&mut self.dialer);
+        let attached = d.dial(self.now, self.seed, self.wanted, self);
+        self.dialer = d;
+        if let Some(side) = attached {
+            self.notify_all(side);
+            self.after_input(side);
         }
     }
 
@@ -711,6 +575,8 @@ fn run(seed: u64) -> Stats {
             "seed {seed}: budget leaked"
         );
     }
+    sim.stats.resumes = sim.dialer.resumes;
+    sim.stats.joins_refused = sim.dialer.joins_refused;
     assert!(
         sim.stats.worst_interactive_ms * MS < INTERACTIVE_BOUND,
         "seed {seed}: an interactive message took {} ms ({:?})",
@@ -738,4 +604,27 @@ fn two_connections_carry_every_stream_over_lanes_that_stall_and_fail() {
     // The seeds reach what they are for.
     assert!(one || (total.resumes > 0 && total.lanes_lost > 0 && total.stalls > 0));
     assert!(one || (total.stale_refused > 0 && total.joins_refused > 0));
+}
+
+impl Dial for Sim {
+    fn link(&mut self, side: usize) -> &mut LinkLayer {
+        self.sides[side].conn.link_mut().unwrap()
+    }
+
+    fn resume(&mut self, side: usize, peer_received: u64, now: u64) -> CarrierId {
+        let seed = self.seed;
+        let conn = &mut self.sides[side].conn;
+        let (id, _) = conn
+            .resume(0, peer_received, now)
+            .unwrap_or_else(|e| panic!("seed {seed}: resume of side {side}: {e}"));
+        id
+    }
+
+    fn lost(&mut self, side: usize, id: CarrierId, now: u64) {
+        let _ = self.sides[side].conn.carrier_lost(id, now, "lane lost");
+    }
+
+    fn world(&mut self) -> (&mut Vec<Lane>, &mut Rng) {
+        (&mut self.lanes, &mut self.rng)
+    }
 }

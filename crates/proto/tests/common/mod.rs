@@ -6,7 +6,8 @@
 use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
-use longhaul_proto::link::CarrierId;
+use longhaul_proto::link::{CarrierId, LinkLayer};
+use longhaul_proto::resume::Attach;
 
 /// One tick of the simulated clock.
 pub const MS: u64 = 1_000_000;
@@ -165,5 +166,162 @@ impl Lane {
     pub fn kill(&mut self) {
         self.dead = true;
         self.dir = [Pipe::default(), Pipe::default()];
+    }
+}
+
+const NO_BINDING: [u8; 32] = [0; 32];
+
+/// What a simulation lets the [`Dialer`] reach of its two sides.
+pub trait Dial {
+    fn link(&mut self, side: usize) -> &mut LinkLayer;
+    /// `side` attaches a carrier after the resume exchange (the peer has
+    /// `peer_received` of its bytes); its id.
+    fn resume(&mut self, side: usize, peer_received: u64, now: u64) -> CarrierId;
+    /// `side` learns that carrier `id` is gone.
+    fn lost(&mut self, side: usize, id: CarrierId, now: u64);
+    fn world(&mut self) -> (&mut Vec<Lane>, &mut Rng);
+}
+
+/// The client's dialling, as the runtime does it: a lane more while the
+/// session has fewer than it wants, a resume once it has none; the server
+/// answers half a round trip later, and attaches a lane a tick after its
+/// check (a failure may come in between).
+#[derive(Default)]
+pub struct Dialer {
+    /// The client's next dial (a lane or a resume) may start at this tick.
+    pub next_dial: u64,
+    /// A lane join in flight: (number, request, server checks at).
+    join: Option<(u8, Attach, u64)>,
+    /// A resume in flight: (request, server answers at), then the
+    /// server's offset for the client, when it arrives, and the lane.
+    resume: Option<(Attach, u64)>,
+    resumed: Option<(u64, u64, CarrierId)>,
+    /// The server's check passed for this lane number: attach it then.
+    joining: Option<(u8, u64)>,
+    pub resumes: u64,
+    pub joins_refused: u64,
+}
+
+impl Dialer {
+    /// One tick of dialling. `wanted`: lanes of a striped session (0 for a
+    /// single carrier). Returns the side that attached a resumed carrier.
+    pub fn dial(&mut self, now: u64, seed: u64, wanted: u8, s: &mut impl Dial) -> Option<usize> {
+        let rtt = 2 * s.world().1.range(1, 30) * MS;
+        if let Some((ask, at)) = self.resume.take() {
+            if now < at {
+                self.resume = Some((ask, at));
+                return None;
+            }
+            let Attach::Resume {
+                attempt,
+                received,
+                proof,
+                ..
+            } = ask
+            else {
+                unreachable!()
+            };
+            s.link(SERVER)
+                .check_resume("owner", attempt, received, &proof, &NO_BINDING)
+                .unwrap_or_else(|e| panic!("seed {seed}: resume refused: {e:?}"));
+            // The server drops whatever lanes it still had.
+            for l in s.world().0.iter_mut() {
+                if l.ids[SERVER].take().is_some() {
+                    l.kill();
+                }
+            }
+            let id = s.resume(SERVER, received, now);
+            let ours = s.link(SERVER).received();
+            let (lanes, rng) = s.world();
+            let mut lane = Lane::new(0, rng);
+            lane.ids[SERVER] = Some(id);
+            lanes.push(lane);
+            self.resumed = Some((ours, now + rtt / 2, id));
+            return Some(SERVER);
+        }
+        if let Some((ours, at, server_id)) = self.resumed {
+            if now < at {
+                return None;
+            }
+            self.resumed = None;
+            let id = s.resume(CLIENT, ours, now);
+            let lane = s
+                .world()
+                .0
+                .iter_mut()
+                .find(|l| l.ids[SERVER] == Some(server_id) && !l.dead);
+            match lane {
+                Some(lane) => lane.ids[CLIENT] = Some(id),
+                // The new carrier died before the answer arrived.
+                None => s.lost(CLIENT, id, now),
+            }
+            self.resumes += 1;
+            self.next_dial = now + 10 * MS;
+            return Some(CLIENT);
+        }
+        if let Some((number, ask, at)) = self.join.take() {
+            if now < at {
+                self.join = Some((number, ask, at));
+                return None;
+            }
+            let Attach::Lane {
+                attempt,
+                lane,
+                proof,
+                ..
+            } = ask
+            else {
+                unreachable!()
+            };
+            match s
+                .link(SERVER)
+                .check_lane("owner", attempt, lane, &proof, &NO_BINDING)
+            {
+                Ok(()) => self.joining = Some((number, now + MS)),
+                Err(_) => self.joins_refused += 1,
+            }
+            self.next_dial = now + 20 * MS;
+            return None;
+        }
+        if let Some((number, at)) = self.joining {
+            if now < at {
+                return None;
+            }
+            self.joining = None;
+            let mut lane = Lane::new(number, s.world().1);
+            match s.link(SERVER).attach(number) {
+                Ok(id) => lane.ids[SERVER] = Some(id),
+                Err(_) => {
+                    self.joins_refused += 1;
+                    return None;
+                }
+            }
+            // The client learns of it at once, unless it lost its last lane
+            // meanwhile (then it resumes, and the server drops this one).
+            match s.link(CLIENT).attach(number) {
+                Ok(id) => lane.ids[CLIENT] = Some(id),
+                Err(_) => {
+                    self.joins_refused += 1;
+                    lane.kill();
+                    lane.notice[SERVER] = Some(now + 50 * MS);
+                }
+            }
+            s.world().0.push(lane);
+            return None;
+        }
+        if now < self.next_dial {
+            return None;
+        }
+        let client = s.link(CLIENT);
+        if client.is_detached() {
+            let ask = client.resume_request(&NO_BINDING, now / MS);
+            self.resume = Some((ask, now + rtt / 2));
+        } else if wanted >= 2 && client.carriers().len() < wanted as usize {
+            let used: Vec<u8> = client.carriers().iter().map(|c| c.1).collect();
+            let number = (0..wanted).find(|n| !used.contains(n)).unwrap();
+            let ask = client.lane_request(number, &NO_BINDING, now / MS);
+            self.join = Some((number, ask, now + rtt / 2));
+        }
+        None
     }
 }
