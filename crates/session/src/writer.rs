@@ -232,7 +232,9 @@ const DATAGRAM_HEADSTART: usize = 16 * 1024;
 /// Moves urgent frames queued since the batch was taken to its front:
 /// control frames, DATA of streams that just became active, and a few
 /// datagrams within `datagram_budget` bytes. Returns how many frames now
-/// lead the batch that should go out first, and the datagram bytes moved.
+/// lead the batch that should go out first, the datagram bytes moved, and
+/// whether anything but datagrams moved (only that may use the room the
+/// carrier keeps free: a flood of datagrams must not take it).
 ///
 /// Order within a stream is never changed: a frame only moves if no frame
 /// of its stream is already in the batch; the first one that cannot move
@@ -244,7 +246,7 @@ fn pull_urgent(
     shared: &Arc<Shared>,
     batch: &mut VecDeque<OutFrame>,
     datagram_budget: usize,
-) -> (usize, usize) {
+) -> (usize, usize, bool) {
     let mut urgent: Vec<OutFrame> = Vec::new();
     let mut moved = 0;
     let in_batch = |r: Option<u32>| r.is_some_and(|r| batch.iter().any(|f| f.recipient == Some(r)));
@@ -281,8 +283,9 @@ fn pull_urgent(
         }
     });
     if urgent.is_empty() {
-        return (0, 0);
+        return (0, 0, false);
     }
+    let control = urgent.iter().any(|f| !f.is_datagram());
     // After a frame already started, and after the control frames and
     // datagrams already leading the batch.
     let started = usize::from(batch.front().is_some_and(|f| f.started));
@@ -296,7 +299,7 @@ fn pull_urgent(
     for (i, f) in urgent.into_iter().enumerate() {
         batch.insert(at + i, f);
     }
-    (at + count, moved)
+    (at + count, moved, control)
 }
 
 /// Writes the whole batch; returns whether the carrier pushed back (some
@@ -341,9 +344,9 @@ async fn write_batch(
             }
             Step::Woken | Step::Retry => {
                 let budget = (DATAGRAM_HEADSTART + written / 2).saturating_sub(moved);
-                let (pulled, datagrams) = pull_urgent(shared, batch, budget);
+                let (pulled, datagrams, control) = pull_urgent(shared, batch, budget);
                 moved += datagrams;
-                if let (Some(f), true) = (&urgency.flag, pulled > 0) {
+                if let (Some(f), true) = (&urgency.flag, control) {
                     // Lowered once this batch is written.
                     f.store(true, Ordering::Relaxed);
                 }
