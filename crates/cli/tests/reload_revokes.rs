@@ -1,6 +1,7 @@
 //! A reload (SIGHUP) takes away from live sessions what the new policy no
 //! longer grants: a file stream opened under wider access, a reverse
-//! listener the bind rules no longer allow.
+//! listener the bind rules no longer allow, a UDP flow the rules no longer
+//! allow.
 
 mod common;
 
@@ -141,6 +142,81 @@ fn a_reload_that_narrows_bind_rules_closes_a_reverse_listener() {
     });
     wait_until(10, "the reverse listener closed", || {
         std::net::TcpStream::connect(("127.0.0.1", rport)).is_err()
+    });
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_reload_that_narrows_udp_rules_ends_a_session_holding_a_flow() {
+    let dir = tmpdir("reload-udp");
+    let sport = free_port();
+    // A UDP target that answers every datagram.
+    let target = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let tport = target.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1500];
+        while let Ok((n, from)) = target.recv_from(&mut buf) {
+            let _ = target.send_to(&buf[..n], from);
+        }
+    });
+    let cfg = dir.join("server.toml");
+    let write_cfg = |allow: &str| {
+        std::fs::write(
+            &cfg,
+            format!(
+                "listen = [\"tcp://127.0.0.1:{sport}\"]\ninsecure = true\nallow = [\"{allow}\"]\ncontrol = \"none\"\n"
+            ),
+        )
+        .unwrap()
+    };
+    write_cfg(&format!("udp:127.0.0.1:{tport}"));
+    let log = dir.join("server.log");
+    let server = spawn_logged(&["server", "--config", cfg.to_str().unwrap()], &log);
+    wait_port(sport);
+    let lport = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let client_log = dir.join("client.log");
+    let mut client = spawn_logged(
+        &[
+            "client",
+            &format!("tcp://127.0.0.1:{sport}"),
+            "--insecure",
+            "--no-reconnect",
+            "-L",
+            &format!("udp:{lport}:127.0.0.1:{tport}"),
+            "--control",
+            "none",
+        ],
+        &client_log,
+    );
+    wait_until(10, "the client forwarding", || {
+        log_has(&client_log, "forwarding udp:")
+    });
+    let app = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    app.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    wait_until(10, "an answer through the flow", || {
+        app.send_to(b"ping", ("127.0.0.1", lport)).unwrap();
+        app.recv_from(&mut buf)
+            .is_ok_and(|(n, _)| &buf[..n] == b"ping")
+    });
+    // TCP to the same port stays allowed: UDP is what is taken away.
+    write_cfg(&format!("127.0.0.1:{tport}"));
+    hup(server.pid());
+    wait_until(10, "the session ended by the reload", || {
+        log_has(
+            &log,
+            &format!("the rules no longer allow its stream to udp://127.0.0.1:{tport}"),
+        )
+    });
+    // The client's session is gone (it does not reconnect): it exits.
+    wait_until(10, "the client gone", || {
+        client.0.try_wait().is_ok_and(|s| s.is_some())
     });
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
