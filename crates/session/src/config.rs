@@ -206,3 +206,13 @@ pub struct SessionStats {
     /// carrier, too long, or for a flow no longer open).
     pub datagrams: longhaul_proto::mux::DatagramStats,
 }
+
+/// Where a UDP flow's datagrams from the peer go (see `flow`). Called with
+/// the session's state held: must not block (a socket that has no room
+/// drops).
+pub trait DatagramSink: Send + Sync + 'static {
+    /// One datagram from the peer.
+    fn deliver(&self, payload: bytes::Bytes);
+    /// The flow is over (closed by either side, or with the session).
+    fn finished(&self) {}
+}

@@ -21,14 +21,7 @@ use crate::runtime::Shared;
 /// largest UDP payload is 65 507 bytes over IPv4, 65 527 over IPv6).
 pub const MAX_DATAGRAM: usize = longhaul_proto::frame::MAX_DATA_PAYLOAD;
 
-/// Where a flow's datagrams from the peer go. Called with the session's
-/// state held: must not block (a socket that has no room drops).
-pub trait DatagramSink: Send + Sync + 'static {
-    /// One datagram from the peer.
-    fn deliver(&self, payload: Bytes);
-    /// The flow is over (closed by either side, or with the session).
-    fn finished(&self) {}
-}
+pub use crate::config::DatagramSink;
 
 /// A flow opened here: send its datagrams with [`Flow::send`]; dropping
 /// it closes the flow.

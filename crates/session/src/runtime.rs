@@ -13,9 +13,9 @@ use longhaul_proto::connection::{Connection, Received};
 use longhaul_proto::mux::{Event, IncomingOpen, Mux, Refused};
 use tokio::sync::{oneshot, watch, Notify};
 
+use crate::config::DatagramSink;
 use crate::config::{BoxFuture, OpenRefused, SessionConfig};
 use crate::driver::{AbortHandle, Driver, Task};
-use crate::flow::DatagramSink;
 use crate::local::LocalStream;
 use crate::stream_io::StreamIo;
 use crate::tasks::CarrierSlot;
