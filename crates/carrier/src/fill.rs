@@ -31,7 +31,7 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use crate::sockopt::{notsent_lowat, poll_writable, send_space, set_notsent_lowat};
+use crate::sockopt::{notsent_lowat, poll_writable, send_space, set_notsent_lowat, tcp_path};
 
 /// How often a writer above the kernel's wake-up mark looks again.
 const TICK: Duration = Duration::from_millis(1);
@@ -44,6 +44,22 @@ const RESERVE_MIN: u64 = 64 * 1024;
 /// Written bytes are counted against the free room with this much extra
 /// (1/8) for the kernel's per-packet overhead, so the estimate errs low.
 const OVERHEAD_SHIFT: u32 = 3;
+/// Below this TCP_NOTSENT_LOWAT (a slow path: the probe sizes the mark to
+/// 2 ms of the delivery rate), writes are also held to what the kernel's
+/// unsent queue has room for. The kernel checks the mark only when it
+/// starts a new packet buffer, and one buffer grows to half the peer's
+/// window (64 KiB), so on its own the queue overshoots the mark by that
+/// much: 0.3 s at 1.5 Mbit/s, which an urgent frame or a datagram written
+/// behind it waits out (docs/BENCHMARKS.md, the voice flow beside bulk).
+const SMALL_LOWAT: u32 = 32 * 1024;
+/// Urgent bytes may go this far past the mark on a slow path (room for
+/// the frames that lead the write, not for the bulk behind them).
+const URGENT_UNSENT: u64 = 16 * 1024;
+/// How many refreshes of the room estimate reuse the mark last read (the
+/// probe changes it at most every 500 ms).
+const LOWAT_REREAD: u32 = 32;
+/// No limit from the unsent queue (a fast path).
+const UNLIMITED: u64 = u64::MAX / 4;
 
 /// Raised by the session's writer while the bytes it writes include
 /// urgent frames: they may use the reserve.
@@ -81,6 +97,12 @@ pub(crate) struct Filler<T> {
     /// raised by the reserve (they must not wait for the kernel's unsent
     /// queue to drain either); this is the value to put back.
     lowered_to: Option<u32>,
+    /// Room left in the kernel's unsent queue on a slow path (less what
+    /// was written since it was read); [`UNLIMITED`] on a fast one.
+    unsent: u64,
+    /// TCP_NOTSENT_LOWAT as last read, and refreshes until it is read again.
+    lowat: u32,
+    lowat_age: u32,
     tick: Pin<Box<Sleep>>,
     armed: bool,
     misses: u32,
@@ -97,6 +119,9 @@ impl<T: TcpSide> Filler<T> {
             blind: false,
             urgent,
             lowered_to: None,
+            unsent: UNLIMITED,
+            lowat: u32::MAX,
+            lowat_age: 0,
             tick: Box::pin(tokio::time::sleep(TICK)),
             armed: false,
             misses: 0,
@@ -131,7 +156,7 @@ impl<T: TcpSide> Filler<T> {
         }
         // Re-read only when the estimate would cut this write short: the
         // estimate errs low, and small writes then cost no extra call.
-        if self.room < self.reserve + want as u64 {
+        if self.room < self.reserve + want as u64 || self.unsent < want as u64 {
             match send_space(&self.raw) {
                 Some(s) => {
                     self.room = u64::from(s.free());
@@ -139,6 +164,7 @@ impl<T: TcpSide> Filler<T> {
                     // small and grows only while the sender keeps it busy.
                     let buf = u64::from(s.sndbuf);
                     self.reserve = RESERVE_MIN.max(buf / 32).min(buf / 4);
+                    self.unsent = self.unsent_room(urgent);
                 }
                 None => {
                     self.blind = true;
@@ -147,15 +173,41 @@ impl<T: TcpSide> Filler<T> {
             }
         }
         let room = if urgent {
-            self.room
+            self.room.min(self.unsent.saturating_add(URGENT_UNSENT))
         } else {
-            self.room.saturating_sub(self.reserve)
+            self.room.saturating_sub(self.reserve).min(self.unsent)
         };
         usize::try_from(room).unwrap_or(usize::MAX)
     }
 
+    /// Room in the kernel's unsent queue on a slow path (see
+    /// [`SMALL_LOWAT`]); [`UNLIMITED`] on a fast one.
+    fn unsent_room(&mut self, urgent: bool) -> u64 {
+        // While urgent bytes are written the mark is raised (above): keep
+        // the one read before.
+        if self.lowat_age == 0 && !urgent {
+            self.lowat = notsent_lowat(&self.raw).unwrap_or(u32::MAX);
+            self.lowat_age = LOWAT_REREAD;
+        }
+        self.lowat_age = self.lowat_age.saturating_sub(1);
+        if self.lowat >= SMALL_LOWAT {
+            return UNLIMITED;
+        }
+        // At least half a window stays queued, whatever the mark: the mark
+        // follows a delivery rate sampled every 500 ms, which reads low
+        // just after a loss, and a fast path must not run dry until the
+        // next sample (nor stop growing its window for want of data).
+        match tcp_path(&self.raw) {
+            Some(p) => u64::from(self.lowat)
+                .max(p.cwnd_bytes / 2)
+                .saturating_sub(u64::from(p.notsent)),
+            None => UNLIMITED,
+        }
+    }
+
     fn wrote(&mut self, n: usize) {
         let n = n as u64;
+        self.unsent = self.unsent.saturating_sub(n);
         self.room = self.room.saturating_sub(n + (n >> OVERHEAD_SHIFT));
         self.misses = 0;
         self.armed = false;

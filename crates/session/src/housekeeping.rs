@@ -40,6 +40,13 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
             for p in &probes {
                 p.retune();
             }
+            // The delivery rate means something only while the sender has
+            // a backlog (otherwise it is the application's rate).
+            let paths: Vec<_> = probes.iter().filter_map(|p| p.path()).collect();
+            if paths.iter().any(|p| p.notsent > 0) {
+                let rate = paths.iter().map(|p| p.delivery_rate).sum();
+                shared.with(|m, _| m.set_path_rate(rate));
+            }
         }
         if shared.striped && now >= next_tick {
             next_tick = now + STRIPE_TICK.as_nanos() as u64;

@@ -171,7 +171,7 @@ impl Mux {
         let n = s.credit.take(data.len());
         data.truncate(n);
         s.tx_bytes += n as u64;
-        let (remote, max_packet) = (s.remote, s.max_packet);
+        let (remote, max_packet) = (s.remote, s.max_packet.min(self.frame_cap));
         while !data.is_empty() {
             let piece = data.split_to(data.len().min(max_packet));
             let mut head = [0u8; DATA_HEADER_LEN];

@@ -32,6 +32,13 @@ pub use stream::Phase;
 
 /// Smallest window granted to a new stream when the budget is spent.
 pub const MIN_WINDOW: u64 = 16 * 1024;
+/// On a slow path a DATA frame is cut to about this much time at the
+/// path's delivery rate: a frame once started must be written whole, so a
+/// keystroke or a datagram queued behind it waits for all of it (64 KiB
+/// is 0.35 s at 1.5 Mbit/s).
+pub const FRAME_TIME: Duration = Duration::from_millis(10);
+/// The smallest that cut makes a frame.
+pub const MIN_FRAME_CAP: usize = 4 * 1024;
 /// Smallest maximum packet size a peer may announce (in OPEN or
 /// OPEN_SUCCESS). Below it every DATA frame would be mostly header: a 1-byte
 /// packet size turns a 512 KiB send queue into 28 MiB of frames.
@@ -224,6 +231,8 @@ pub struct Mux {
     last_ping: Option<u64>,
     ping_rtt_ns: u64,
     path_rtt_ns: u64,
+    /// DATA payloads are cut to this (see [`FRAME_TIME`]).
+    frame_cap: usize,
     last_rx: u64,
     busy_at: u64,
     last_bytes: u64,
@@ -265,6 +274,7 @@ impl Mux {
             last_ping: None,
             ping_rtt_ns: 0,
             path_rtt_ns: 0,
+            frame_cap: usize::MAX,
             last_rx: 0,
             busy_at: 0,
             last_bytes: 0,
@@ -403,6 +413,16 @@ impl Mux {
     /// Round-trip time of the path under the carrier (TCP_INFO), if known.
     pub fn set_path_rtt(&mut self, rtt: Duration) {
         self.path_rtt_ns = rtt.as_nanos() as u64;
+    }
+
+    /// The path's delivery rate in bytes per second (TCP_INFO), if known:
+    /// on a slow path, DATA frames queued from now on are smaller (see
+    /// [`FRAME_TIME`]).
+    pub fn set_path_rate(&mut self, bytes_per_sec: u64) {
+        let cap = bytes_per_sec.saturating_mul(FRAME_TIME.as_millis() as u64) / 1000;
+        self.frame_cap = usize::try_from(cap)
+            .unwrap_or(usize::MAX)
+            .max(MIN_FRAME_CAP);
     }
 
     /// RTT used for window growth decisions.
