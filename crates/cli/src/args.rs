@@ -16,7 +16,7 @@ pub use crate::values::*;
 #[derive(Parser, Debug)]
 #[command(
     name = "longhaul",
-    version,
+    version = crate::VERSION,
     about = "Carries TCP connections over one multiplexed carrier, at the speed the path can give, and measures it."
 )]
 pub struct Cli {
@@ -98,6 +98,19 @@ pub enum Cmd {
     /// WAN emulator: two namespaces (a = 198.18.0.1, b = 198.18.0.2) joined
     /// by a userspace delay line. Needs root or CAP_NET_ADMIN.
     Netem(NetemArgs),
+    /// Print a shell completion script: bash, zsh, fish, elvish or powershell
+    /// (e.g. `longhaul completions bash > /etc/bash_completion.d/longhaul`).
+    Completions {
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), or with --dir write one page per
+    /// command there (longhaul.1, longhaul-server.1, …).
+    Man {
+        /// A folder to write every page into.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
 }
 
 #[derive(Args, Debug)]

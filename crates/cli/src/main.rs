@@ -11,6 +11,14 @@ mod values;
 
 use std::process::ExitCode;
 
+/// The version, and the commit it was built from (`build.rs`).
+pub(crate) const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("LONGHAUL_COMMIT"),
+    ")"
+);
+
 /// mimalloc keeps freed buffers for reuse; glibc malloc returned the
 /// carrier's 256 KiB read buffers to the kernel and paid page faults and
 /// zeroing to get them back (≈6% of the relay's CPU in profiles).
@@ -45,11 +53,7 @@ fn main() -> ExitCode {
             ) {
                 e.exit();
             }
-            // One line that says what is wrong and where to look.
-            let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("longhaul: {first} (see 'longhaul --help')");
+            eprintln!("longhaul: {}", one_line_error(&e.render().to_string()));
             return ExitCode::from(2);
         }
     };
@@ -106,6 +110,57 @@ fn main() -> ExitCode {
     }
 }
 
+/// Writes to stdout; a reader that went away (`| head`) is not an error.
+fn print_all(bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// A clap error in one line that says what is wrong, what to write and
+/// where to look: clap puts the missing arguments and the usage on lines
+/// of their own, which a one-line message would otherwise cut off.
+fn one_line_error(text: &str) -> String {
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or("invalid arguments");
+    let mut what = first.strip_prefix("error: ").unwrap_or(first).to_string();
+    let mut usage = None;
+    // The arguments clap lists under "...not provided:", or the possible
+    // values under "invalid value", then any "tip:".
+    let listing = what.ends_with(':');
+    let mut first_paragraph = true;
+    for line in lines {
+        let t = line.trim();
+        if let Some(u) = t.strip_prefix("Usage: ") {
+            usage = Some(u.to_string());
+        } else if t.is_empty() {
+            first_paragraph = false;
+        } else if first_paragraph || t.starts_with("tip:") {
+            if listing && !what.ends_with(':') {
+                what.push(',');
+            }
+            what.push_str(if t.starts_with("tip:") { "; " } else { " " });
+            what.push_str(t);
+        }
+    }
+    let what = what.trim_end_matches([',', ':']);
+    // "longhaul bench tput [OPTIONS] ..." → help for that subcommand.
+    let words: Vec<&str> = usage
+        .as_deref()
+        .unwrap_or("longhaul")
+        .split_whitespace()
+        .take_while(|w| !w.starts_with(['[', '<', '-']))
+        .collect();
+    let help = format!("{} --help", words.join(" "));
+    match usage {
+        Some(u) => format!("{what}; usage: {u} (see '{help}')"),
+        None => format!("{what} (see '{help}')"),
+    }
+}
+
 async fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Server(a) => server(a).await,
@@ -126,6 +181,31 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 path.display()
             );
             println!("{}", id.fingerprint);
+            Ok(())
+        }
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            // Into memory first: the crate panics on a failed write (a
+            // closed pipe), which must be an error like any other.
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "longhaul", &mut out);
+            print_all(&out)
+        }
+        Cmd::Man { dir } => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            match dir {
+                Some(dir) => {
+                    std::fs::create_dir_all(&dir)
+                        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+                    clap_mangen::generate_to(cmd, &dir)
+                        .map_err(|e| anyhow::anyhow!("cannot write to {}: {e}", dir.display()))?;
+                }
+                None => {
+                    let mut out = Vec::new();
+                    clap_mangen::Man::new(cmd).render(&mut out)?;
+                    print_all(&out)?;
+                }
+            }
             Ok(())
         }
         Cmd::Fingerprint { file } => {

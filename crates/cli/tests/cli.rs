@@ -81,6 +81,15 @@ fn wrong_arguments_get_one_line_that_says_what_to_do() {
             &["server", "--listen", "127.0.0.1:0", "--max-stripes", "0"],
             "give a number of lanes from 1 to 16",
         ),
+        // A required argument left out is named, with the usage.
+        (
+            &["server"],
+            "not provided: --listen <URL>; usage: longhaul server --listen <URL> (see 'longhaul server --help')",
+        ),
+        (&["client"], "not provided: <SERVER>; usage: longhaul client"),
+        (&["bench", "tput"], "see 'longhaul bench tput --help'"),
+        (&["client", "x:1", "--stripe", "2"], "similar argument exists: '--stripes'"),
+        (&["completions", "tcsh"], "[possible values: bash,"),
     ];
     for (args, want) in cases {
         let (code, err) = run_err(args);
@@ -92,6 +101,67 @@ fn wrong_arguments_get_one_line_that_says_what_to_do() {
         );
         assert!(err.contains(want), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn version_completions_and_manual_pages() {
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    let version = String::from_utf8(out.stdout).unwrap();
+    assert!(version.starts_with("longhaul "), "{version}");
+    assert!(version.contains("(commit "), "{version}");
+
+    for (shell, want) in [
+        ("bash", "complete -F _longhaul"),
+        ("zsh", "#compdef longhaul"),
+        ("fish", "complete -c longhaul"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains(want), "{shell}: no {want:?}");
+        // Subcommands and their options are in it.
+        assert!(
+            text.contains("stripes") && text.contains("allow-bind"),
+            "{shell}"
+        );
+    }
+
+    let out = Command::new(BIN).arg("man").output().unwrap();
+    let page = String::from_utf8(out.stdout).unwrap();
+    assert!(page.contains(".TH longhaul 1"), "{page}");
+    let dir = tmpdir("man");
+    let st = Command::new(BIN)
+        .args(["man", "--dir"])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    for page in [
+        "longhaul.1",
+        "longhaul-server.1",
+        "longhaul-client.1",
+        "longhaul-bench-udp.1",
+    ] {
+        let text = std::fs::read_to_string(dir.join(page)).unwrap();
+        assert!(text.contains(".SH SYNOPSIS"), "{page}");
+    }
+    // man(1) reads them, where it is installed.
+    if let Ok(out) = Command::new("man")
+        .arg("-l")
+        .arg(dir.join("longhaul-server.1"))
+        .env("MANPAGER", "cat")
+        .env("MANWIDTH", "100")
+        .output()
+    {
+        if out.status.success() {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(text.contains("--listen"), "{text}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
