@@ -370,9 +370,11 @@ pub struct ServerArgs {
     /// Plain JMUX framing (no handshake), to interoperate with jetsocat jmux-proxy.
     #[arg(long)]
     pub jmux: bool,
-    /// Carriers served at once; a session waiting for its client to resume counts.
-    #[arg(long, value_name = "N", default_value_t = 1024)]
-    pub max_sessions: usize,
+    /// Carriers served at once; a session waiting for its client to resume
+    /// counts. Default: an eighth of the open-files limit (raised to its
+    /// hard limit at start), from 64 to 16384.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_sessions: Option<u32>,
     /// Offer this folder to 'longhaul cp' (per key: files=ro|rw in --authorized-keys; nothing by default).
     #[arg(long, value_name = "DIR")]
     pub files: Option<std::path::PathBuf>,

@@ -110,6 +110,18 @@ fn main() -> ExitCode {
     }
 }
 
+/// Sessions a server serves at once unless told: each holds at least its
+/// carrier's descriptor and one per stream and its target, so an eighth of
+/// the open-files limit leaves room for a few streams each, the listeners
+/// and the files of `longhaul cp`. At least 64; at most 16 384, as memory
+/// is the other bound.
+fn default_max_sessions() -> usize {
+    let limit = longhaul_files::open_files_limit().unwrap_or(1024);
+    usize::try_from(limit / 8)
+        .unwrap_or(usize::MAX)
+        .clamp(64, 16_384)
+}
+
 /// Writes to stdout; a reader that went away (`| head`) is not an error.
 fn print_all(bytes: &[u8]) -> anyhow::Result<()> {
     use std::io::Write;
@@ -328,7 +340,11 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
         SERVER_IDLE_TIMEOUT
     };
     cfg.session = a.session.config(a.jmux, idle);
-    cfg.max_sessions = a.max_sessions;
+    cfg.max_sessions = match a.max_sessions {
+        Some(n) => n as usize,
+        None => default_max_sessions(),
+    };
+    tracing::debug!(max_sessions = cfg.max_sessions, "session slots");
     cfg.session.max_stripes = a.max_stripes;
     cfg.congestion = a.session.congestion.clone();
     if let Some(dir) = &a.files {

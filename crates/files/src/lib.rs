@@ -44,6 +44,11 @@ impl std::str::FromStr for Access {
     }
 }
 
+/// The soft limit on open files now (None: unlimited).
+pub fn open_files_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+}
+
 /// Raises this process's soft limit on open files to its hard limit, once
 /// at start: each session, stream, file being copied and folder being
 /// listed holds a descriptor, and the soft limit (often 1 024) is reached
