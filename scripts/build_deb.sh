@@ -28,6 +28,8 @@ gzip -9n "$out"/man/*.1
 sed -e 's|/usr/local/bin/longhaul|/usr/bin/longhaul|' \
     -e 's|^DynamicUser=yes|User=longhaul\nGroup=longhaul|' \
     -e '/^# systemd unit for a longhaul server. Install:/,/^#   systemctl daemon-reload/d' \
+    -e 's|^# A user of its own, made for the service; it reads /etc/longhaul through$|# The system user the package made; it reads /etc/longhaul through|' \
+    -e 's|^# the group systemd gives it (chgrp the files to it, or make them readable).$|# its group (chgrp the key to longhaul, mode 640).|' \
     contrib/longhaul-server.service >"$out/longhaul-server.service"
 grep -q '^User=longhaul$' "$out/longhaul-server.service"
 cargo deb -p longhaul --no-build --strip

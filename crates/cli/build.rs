@@ -24,24 +24,27 @@ fn main() {
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=LONGHAUL_COMMIT=commit {commit}");
     // Built again when HEAD moves (a commit, a checkout).
-    if let Ok(out) = Command::new("git")
-        .args(["rev-parse", "--git-dir"])
-        .output()
-    {
-        if let Ok(dir) = String::from_utf8(out.stdout) {
-            let dir = std::path::Path::new(dir.trim());
-            println!("cargo:rerun-if-changed={}", dir.join("HEAD").display());
-            if let Ok(head) = std::fs::read_to_string(dir.join("HEAD")) {
-                // A branch's commit is in its ref file, or in packed-refs
-                // once git has packed it (a path that does not exist would
-                // run this script on every build).
-                let r = head.trim().strip_prefix("ref: ").map(|r| dir.join(r));
-                for f in r.into_iter().chain([dir.join("packed-refs")]) {
-                    if f.exists() {
-                        println!("cargo:rerun-if-changed={}", f.display());
-                    }
-                }
-            }
+    // Not a checkout (a tarball, a vendored build): nothing to watch; a
+    // path that does not exist would run this script on every build.
+    let git = |arg: &str| {
+        let out = Command::new("git").args(["rev-parse", arg]).output().ok()?;
+        let s = String::from_utf8(out.stdout).ok()?;
+        let s = s.trim();
+        (out.status.success() && !s.is_empty()).then(|| std::path::PathBuf::from(s))
+    };
+    let (Some(dir), Some(common)) = (git("--git-dir"), git("--git-common-dir")) else {
+        return;
+    };
+    let head = dir.join("HEAD");
+    println!("cargo:rerun-if-changed={}", head.display());
+    // A branch's commit is in its ref file, or in packed-refs once git has
+    // packed it; both in the common folder (a worktree has its own HEAD).
+    let branch = std::fs::read_to_string(&head)
+        .ok()
+        .and_then(|h| h.trim().strip_prefix("ref: ").map(|r| common.join(r)));
+    for f in branch.into_iter().chain([common.join("packed-refs")]) {
+        if f.exists() {
+            println!("cargo:rerun-if-changed={}", f.display());
         }
     }
 }

@@ -10,7 +10,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdout, Command};
 
-use crate::fill::{Filler, UrgentFlag};
+use crate::fill::UrgentFlag;
 use crate::keys::Fingerprint;
 use crate::url::{CarrierUrl, Transport};
 use crate::{set_congestion, tls, ws, Carrier};
@@ -80,18 +80,14 @@ pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
         Transport::Tcp => Carrier::from_tcp(tcp),
         Transport::Tls => {
             let cfg = opts.tls.clone().ok_or_else(|| need_tls(url))?;
-            let probe = crate::tcp_probe(&tcp)?;
-            let s = tls::connect(Filler::new(tcp, flag.clone())?, cfg).await?;
+            let (filler, probe) = crate::filler_and_probe(tcp, &flag)?;
+            let s = tls::connect(filler, cfg).await?;
             let b = tls::binding(s.get_ref().1);
             Ok(Carrier::from_io(s, Some(probe), Some(flag), peer).bound(b))
         }
         Transport::Ws { path } => {
-            let probe = crate::tcp_probe(&tcp)?;
-            let w = ws::connect(
-                Filler::new(tcp, flag.clone())?,
-                &format!("ws://{addr}{path}"),
-            )
-            .await?;
+            let (filler, probe) = crate::filler_and_probe(tcp, &flag)?;
+            let w = ws::connect(filler, &format!("ws://{addr}{path}")).await?;
             match opts.tls.clone() {
                 Some(cfg) => {
                     let s = tls::connect(w, cfg).await?;
@@ -103,8 +99,8 @@ pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
         }
         Transport::Wss { path } => {
             let cfg = opts.tls.clone().ok_or_else(|| need_tls(url))?;
-            let probe = crate::tcp_probe(&tcp)?;
-            let s = tls::connect(Filler::new(tcp, flag.clone())?, cfg).await?;
+            let (filler, probe) = crate::filler_and_probe(tcp, &flag)?;
+            let s = tls::connect(filler, cfg).await?;
             let b = tls::binding(s.get_ref().1);
             let w = ws::connect(s, &format!("wss://{addr}{path}")).await?;
             Ok(Carrier::from_io(w, Some(probe), Some(flag), peer).bound(b))
@@ -167,8 +163,8 @@ pub async fn accept(
         Transport::Tls => {
             let cfg = tls_cfg.ok_or_else(no_tls)?;
             crate::tune_carrier_socket(&tcp)?;
-            let probe = crate::tcp_probe(&tcp)?;
-            let (s, fp) = tls::accept(Filler::new(tcp, flag.clone())?, cfg).await?;
+            let (filler, probe) = crate::filler_and_probe(tcp, &flag)?;
+            let (s, fp) = tls::accept(filler, cfg).await?;
             let b = tls::binding(s.get_ref().1);
             Ok((
                 Carrier::from_io(s, Some(probe), Some(flag), peer).bound(b),
@@ -177,8 +173,8 @@ pub async fn accept(
         }
         Transport::Ws { path } => {
             crate::tune_carrier_socket(&tcp)?;
-            let probe = crate::tcp_probe(&tcp)?;
-            let w = ws::accept(Filler::new(tcp, flag.clone())?, path).await?;
+            let (filler, probe) = crate::filler_and_probe(tcp, &flag)?;
+            let w = ws::accept(filler, path).await?;
             match tls_cfg {
                 Some(cfg) => {
                     let (s, fp) = tls::accept(w, cfg).await?;
@@ -194,8 +190,8 @@ pub async fn accept(
         Transport::Wss { path } => {
             let cfg = tls_cfg.ok_or_else(no_tls)?;
             crate::tune_carrier_socket(&tcp)?;
-            let probe = crate::tcp_probe(&tcp)?;
-            let (s, fp) = tls::accept(Filler::new(tcp, flag.clone())?, cfg).await?;
+            let (filler, probe) = crate::filler_and_probe(tcp, &flag)?;
+            let (s, fp) = tls::accept(filler, cfg).await?;
             let b = tls::binding(s.get_ref().1);
             let w = ws::accept(s, path).await?;
             Ok((

@@ -21,7 +21,7 @@
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -65,6 +65,12 @@ const UNLIMITED: u64 = u64::MAX / 4;
 /// urgent frames: they may use the reserve.
 pub type UrgentFlag = Arc<AtomicBool>;
 
+/// The smallest TCP_NOTSENT_LOWAT the path's probe may set, shared with
+/// the writer: below [`crate::NOTSENT_MIN`] the socket is a lane of a
+/// striped session, whose unsent queue the writer leaves to the kernel
+/// (the session spreads chunks by the room each lane's socket has).
+pub(crate) type Floor = Arc<AtomicU32>;
+
 /// The TCP socket under a writer.
 pub(crate) trait TcpSide {
     fn tcp(&self) -> &TcpStream;
@@ -98,18 +104,22 @@ pub(crate) struct Filler<T> {
     /// queue to drain either); this is the value to put back.
     lowered_to: Option<u32>,
     /// Room left in the kernel's unsent queue on a slow path (less what
-    /// was written since it was read); [`UNLIMITED`] on a fast one.
+    /// was written since it was read), for ordinary and for urgent bytes
+    /// (both measured from the same target, so that a run of urgent writes
+    /// cannot ratchet the queue up); [`UNLIMITED`] on a fast one.
     unsent: u64,
+    unsent_urgent: u64,
     /// TCP_NOTSENT_LOWAT as last read, and refreshes until it is read again.
     lowat: u32,
     lowat_age: u32,
+    floor: Floor,
     tick: Pin<Box<Sleep>>,
     armed: bool,
     misses: u32,
 }
 
 impl<T: TcpSide> Filler<T> {
-    pub(crate) fn new(inner: T, urgent: UrgentFlag) -> io::Result<Filler<T>> {
+    pub(crate) fn new(inner: T, urgent: UrgentFlag, floor: Floor) -> io::Result<Filler<T>> {
         let raw = socket2::SockRef::from(inner.tcp()).try_clone()?;
         Ok(Filler {
             inner,
@@ -120,8 +130,10 @@ impl<T: TcpSide> Filler<T> {
             urgent,
             lowered_to: None,
             unsent: UNLIMITED,
+            unsent_urgent: UNLIMITED,
             lowat: u32::MAX,
             lowat_age: 0,
+            floor,
             tick: Box::pin(tokio::time::sleep(TICK)),
             armed: false,
             misses: 0,
@@ -156,7 +168,12 @@ impl<T: TcpSide> Filler<T> {
         }
         // Re-read only when the estimate would cut this write short: the
         // estimate errs low, and small writes then cost no extra call.
-        if self.room < self.reserve + want as u64 || self.unsent < want as u64 {
+        let unsent = if urgent {
+            self.unsent_urgent
+        } else {
+            self.unsent
+        };
+        if self.room < self.reserve + want as u64 || unsent < want as u64 {
             match send_space(&self.raw) {
                 Some(s) => {
                     self.room = u64::from(s.free());
@@ -164,7 +181,7 @@ impl<T: TcpSide> Filler<T> {
                     // small and grows only while the sender keeps it busy.
                     let buf = u64::from(s.sndbuf);
                     self.reserve = RESERVE_MIN.max(buf / 32).min(buf / 4);
-                    self.unsent = self.unsent_room(urgent);
+                    (self.unsent, self.unsent_urgent) = self.unsent_room(urgent);
                 }
                 None => {
                     self.blind = true;
@@ -173,7 +190,7 @@ impl<T: TcpSide> Filler<T> {
             }
         }
         let room = if urgent {
-            self.room.min(self.unsent.saturating_add(URGENT_UNSENT))
+            self.room.min(self.unsent_urgent)
         } else {
             self.room.saturating_sub(self.reserve).min(self.unsent)
         };
@@ -181,8 +198,9 @@ impl<T: TcpSide> Filler<T> {
     }
 
     /// Room in the kernel's unsent queue on a slow path (see
-    /// [`SMALL_LOWAT`]); [`UNLIMITED`] on a fast one.
-    fn unsent_room(&mut self, urgent: bool) -> u64 {
+    /// [`SMALL_LOWAT`]) for ordinary and for urgent bytes; [`UNLIMITED`] on
+    /// a fast one.
+    fn unsent_room(&mut self, urgent: bool) -> (u64, u64) {
         // While urgent bytes are written the mark is raised (above): keep
         // the one read before.
         if self.lowat_age == 0 && !urgent {
@@ -190,24 +208,32 @@ impl<T: TcpSide> Filler<T> {
             self.lowat_age = LOWAT_REREAD;
         }
         self.lowat_age = self.lowat_age.saturating_sub(1);
-        if self.lowat >= SMALL_LOWAT {
-            return UNLIMITED;
+        let lane = self.floor.load(Ordering::Relaxed) < crate::NOTSENT_MIN;
+        // 0: never set, the system's default (no mark at all).
+        if self.lowat == 0 || self.lowat >= SMALL_LOWAT || lane {
+            return (UNLIMITED, UNLIMITED);
         }
         // At least half a window stays queued, whatever the mark: the mark
         // follows a delivery rate sampled every 500 ms, which reads low
         // just after a loss, and a fast path must not run dry until the
         // next sample (nor stop growing its window for want of data).
         match tcp_path(&self.raw) {
-            Some(p) => u64::from(self.lowat)
-                .max(p.cwnd_bytes / 2)
-                .saturating_sub(u64::from(p.notsent)),
-            None => UNLIMITED,
+            Some(p) => {
+                let target = u64::from(self.lowat).max(p.cwnd_bytes / 2);
+                let notsent = u64::from(p.notsent);
+                (
+                    target.saturating_sub(notsent),
+                    (target + URGENT_UNSENT).saturating_sub(notsent),
+                )
+            }
+            None => (UNLIMITED, UNLIMITED),
         }
     }
 
     fn wrote(&mut self, n: usize) {
         let n = n as u64;
         self.unsent = self.unsent.saturating_sub(n);
+        self.unsent_urgent = self.unsent_urgent.saturating_sub(n);
         self.room = self.room.saturating_sub(n + (n >> OVERHEAD_SHIFT));
         self.misses = 0;
         self.armed = false;
@@ -368,7 +394,7 @@ mod tests {
     async fn keeps_the_reserve_for_urgent_bytes() {
         let (a, mut b) = pair().await;
         let flag = UrgentFlag::default();
-        let mut w = Filler::new(a, flag.clone()).unwrap();
+        let mut w = Filler::new(a, flag.clone(), Floor::default()).unwrap();
         let block = vec![7u8; 64 * 1024];
         let mut sent = 0usize;
         // Fill until a write has waited 200 ms (the peer reads nothing).
@@ -408,7 +434,7 @@ mod tests {
     #[tokio::test]
     async fn resumes_after_the_peer_reads() {
         let (a, mut b) = pair().await;
-        let mut w = Filler::new(a, UrgentFlag::default()).unwrap();
+        let mut w = Filler::new(a, UrgentFlag::default(), Floor::default()).unwrap();
         let total = 32 * 1024 * 1024;
         let writer = tokio::spawn(async move {
             let block = vec![5u8; 256 * 1024];

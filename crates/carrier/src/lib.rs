@@ -112,7 +112,9 @@ impl UrgentSend for TcpUrgent {
 struct TcpProbe {
     sock: socket2::Socket,
     lowat: std::sync::atomic::AtomicU32,
-    floor: std::sync::atomic::AtomicU32,
+    /// Shared with the socket's writer ([`fill::Filler`]): a lane's lower
+    /// floor also tells it to leave the unsent queue to the kernel.
+    floor: fill::Floor,
 }
 
 impl PathProbe for TcpProbe {
@@ -160,15 +162,20 @@ impl PathProbe for TcpProbe {
     }
 }
 
-/// A probe of a TCP socket's path, for carriers that wrap the socket in
-/// TLS or WebSocket. The RTT and send-queue tuning still apply below them.
-pub fn tcp_probe(stream: &TcpStream) -> io::Result<Box<dyn PathProbe>> {
-    set_notsent_lowat(&socket2::SockRef::from(stream), CARRIER_NOTSENT_LOWAT)?;
-    Ok(Box::new(TcpProbe {
-        sock: socket2::SockRef::from(stream).try_clone()?,
+/// The writer of a TCP socket that TLS or WebSocket wrap, and a probe of
+/// its path: the RTT and send-queue tuning still apply below them.
+pub(crate) fn filler_and_probe(
+    stream: TcpStream,
+    flag: &UrgentFlag,
+) -> io::Result<(fill::Filler<TcpStream>, Box<dyn PathProbe>)> {
+    set_notsent_lowat(&socket2::SockRef::from(&stream), CARRIER_NOTSENT_LOWAT)?;
+    let floor = fill::Floor::new(NOTSENT_MIN.into());
+    let probe = Box::new(TcpProbe {
+        sock: socket2::SockRef::from(&stream).try_clone()?,
         lowat: CARRIER_NOTSENT_LOWAT.into(),
-        floor: NOTSENT_MIN.into(),
-    }))
+        floor: floor.clone(),
+    });
+    Ok((fill::Filler::new(stream, flag.clone(), floor)?, probe))
 }
 
 impl Carrier {
@@ -226,14 +233,15 @@ impl Carrier {
         let urgent = socket2::SockRef::from(&stream).try_clone()?;
         let (r, w) = stream.into_split();
         let flag = UrgentFlag::default();
+        let floor = fill::Floor::new(NOTSENT_MIN.into());
         Ok(Carrier {
             reader: Box::new(r),
-            writer: Box::new(fill::Filler::new(w, flag.clone())?),
+            writer: Box::new(fill::Filler::new(w, flag.clone(), floor.clone())?),
             urgent_flag: Some(flag),
             probe: Some(Box::new(TcpProbe {
                 sock,
                 lowat: CARRIER_NOTSENT_LOWAT.into(),
-                floor: NOTSENT_MIN.into(),
+                floor,
             })),
             urgent: Some(Box::new(TcpUrgent(urgent))),
             peer,

@@ -42,8 +42,11 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
             }
             // The delivery rate means something only while the sender has
             // a backlog (otherwise it is the application's rate).
+            // A carrier without a probe (a folder, stdio) resets it.
             let paths: Vec<_> = probes.iter().filter_map(|p| p.path()).collect();
-            if paths.iter().any(|p| p.notsent > 0) {
+            if paths.is_empty() {
+                shared.with(|m, _| m.set_path_rate(0));
+            } else if paths.iter().any(|p| p.notsent > 0) {
                 let rate = paths.iter().map(|p| p.delivery_rate).sum();
                 shared.with(|m, _| m.set_path_rate(rate));
             }

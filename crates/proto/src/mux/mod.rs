@@ -415,10 +415,14 @@ impl Mux {
         self.path_rtt_ns = rtt.as_nanos() as u64;
     }
 
-    /// The path's delivery rate in bytes per second (TCP_INFO), if known:
-    /// on a slow path, DATA frames queued from now on are smaller (see
-    /// [`FRAME_TIME`]).
+    /// The path's delivery rate in bytes per second (TCP_INFO; 0 when not
+    /// known): on a slow path, DATA frames queued from now on are smaller
+    /// (see [`FRAME_TIME`]).
     pub fn set_path_rate(&mut self, bytes_per_sec: u64) {
+        if bytes_per_sec == 0 {
+            self.frame_cap = usize::MAX;
+            return;
+        }
         let cap = bytes_per_sec.saturating_mul(FRAME_TIME.as_millis() as u64) / 1000;
         self.frame_cap = usize::try_from(cap)
             .unwrap_or(usize::MAX)
