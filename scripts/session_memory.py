@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Resident memory per session at one server: N clients (processes), each
+with one -L forward holding one idle stream to a target that accepts and
+waits. The server's RSS is read before the clients start and once every
+stream is open; the difference over N is the cost of a session with one
+idle stream (its carrier, its stream and the target's socket).
+
+    scripts/session_memory.py [N (200)] [--tls]
+
+Loopback only; every process started here is killed by PID at the end.
+"""
+import os, socket, subprocess, sys, tempfile, time
+
+LH = os.environ.get("LH", "target/release/longhaul")
+n = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 200
+tls = "--tls" in sys.argv
+procs = []
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+try:
+    target = socket.socket()
+    target.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    target.bind(("127.0.0.1", 0))
+    target.listen(4096)
+    tport = target.getsockname()[1]
+    sport = free_port()
+    tmp = tempfile.mkdtemp(prefix="lh-sessmem-")
+    scheme = "tls" if tls else "tcp"
+    sargs = [LH, "-q", "server", "--listen", f"{scheme}://127.0.0.1:{sport}",
+             "--allow", f"127.0.0.1:{tport}", "--control", "none", "--insecure"]
+    cargs = ["--insecure"]
+    if tls:
+        key = os.path.join(tmp, "s.key")
+        fp = subprocess.run([LH, "-q", "keygen", "--out", key], capture_output=True,
+                            text=True, check=True).stdout.strip()
+        sargs += ["--key", key]
+        cargs = ["--pin", fp]
+        os.environ["LONGHAUL_TOKEN"] = "t"
+    server = subprocess.Popen(sargs, stderr=subprocess.DEVNULL)
+    procs.append(server)
+    time.sleep(0.5)
+    base = rss_kib(server.pid)
+    ports = []
+    for i in range(n):
+        p = free_port()
+        c = subprocess.Popen([LH, "-q", "client", f"{scheme}://127.0.0.1:{sport}", *cargs,
+                              "--control", "none", "-L", f"127.0.0.1:{p}:127.0.0.1:{tport}"],
+                             stderr=subprocess.DEVNULL)
+        procs.append(c)
+        ports.append(p)
+    held, accepted = [], []
+    t0 = time.time()
+    for p in ports:
+        while True:
+            try:
+                held.append(socket.create_connection(("127.0.0.1", p), timeout=2))
+                break
+            except OSError:
+                if time.time() - t0 > 120:
+                    raise
+                time.sleep(0.05)
+    target.settimeout(30)
+    while len(accepted) < n:
+        accepted.append(target.accept()[0])
+    time.sleep(2)
+    peak = rss_kib(server.pid)
+    fds = len(os.listdir(f"/proc/{server.pid}/fd"))
+    print(f"{n} sessions ({scheme}://), one idle stream each: server RSS {base} KiB -> "
+          f"{peak} KiB, {(peak - base) / n:.1f} KiB per session, {fds} descriptors")
+finally:
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
