@@ -43,6 +43,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let path = command_path(&argv);
     let cli = match Cli::try_parse_from(argv) {
         Ok(c) => c,
         Err(e) => {
@@ -53,7 +54,10 @@ fn main() -> ExitCode {
             ) {
                 e.exit();
             }
-            eprintln!("longhaul: {}", one_line_error(&e.render().to_string()));
+            eprintln!(
+                "longhaul: {}",
+                one_line_error(&e.render().to_string(), &path)
+            );
             return ExitCode::from(2);
         }
     };
@@ -132,10 +136,24 @@ fn print_all(bytes: &[u8]) -> anyhow::Result<()> {
     }
 }
 
+/// The subcommands the command line names ("longhaul bench tput").
+fn command_path(argv: &[std::ffi::OsString]) -> String {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let mut path = vec!["longhaul".to_string()];
+    for a in argv.iter().skip(1).filter_map(|a| a.to_str()) {
+        let Some(sub) = cmd.find_subcommand(a).cloned() else {
+            continue;
+        };
+        path.push(a.to_string());
+        cmd = sub;
+    }
+    path.join(" ")
+}
+
 /// A clap error in one line that says what is wrong, what to write and
 /// where to look: clap puts the missing arguments and the usage on lines
 /// of their own, which a one-line message would otherwise cut off.
-fn one_line_error(text: &str) -> String {
+fn one_line_error(text: &str, path: &str) -> String {
     let mut lines = text.lines();
     let first = lines.next().unwrap_or("invalid arguments");
     let mut what = first.strip_prefix("error: ").unwrap_or(first).to_string();
@@ -159,10 +177,12 @@ fn one_line_error(text: &str) -> String {
         }
     }
     let what = what.trim_end_matches([',', ':']);
-    // "longhaul bench tput [OPTIONS] ..." → help for that subcommand.
+    // "longhaul bench tput [OPTIONS] ..." → help for that subcommand; an
+    // error without a usage line (a bad value) names the subcommand the
+    // command line gave.
     let words: Vec<&str> = usage
         .as_deref()
-        .unwrap_or("longhaul")
+        .unwrap_or(path)
         .split_whitespace()
         .take_while(|w| !w.starts_with(['[', '<', '-']))
         .collect();

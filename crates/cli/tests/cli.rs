@@ -90,6 +90,10 @@ fn wrong_arguments_get_one_line_that_says_what_to_do() {
         (&["bench", "tput"], "see 'longhaul bench tput --help'"),
         (&["client", "x:1", "--stripe", "2"], "similar argument exists: '--stripes'"),
         (&["completions", "tcsh"], "[possible values: bash,"),
+        (
+            &["server", "--listen", "127.0.0.1:0", "--max-stripes", "0"],
+            "(see 'longhaul server --help')",
+        ),
     ];
     for (args, want) in cases {
         let (code, err) = run_err(args);
