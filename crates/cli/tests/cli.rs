@@ -444,3 +444,64 @@ fn cmd_carrier_runs_a_stdio_server_and_carries_data_intact() {
     let _ = client.0.kill();
     let _ = client.0.wait();
 }
+
+/// A load balancer's TCP check (connect, then close or reset before a
+/// byte) costs neither a log line nor a refusal; a connection that sends
+/// something wrong is still logged.
+#[test]
+fn connection_checks_are_not_logged() {
+    let dir = tmpdir("checks");
+    let (key, _) = keygen(&dir, "s.key");
+    for scheme in ["tcp", "tls"] {
+        let port = free_port();
+        let log = dir.join(format!("{scheme}.log"));
+        let listen = format!("{scheme}://127.0.0.1:{port}");
+        let _server = spawn_logged(
+            &[
+                "server",
+                "--listen",
+                &listen,
+                "--key",
+                key.to_str().unwrap(),
+                "--insecure",
+                "--allow",
+                "127.0.0.1:1",
+                "--control",
+                "none",
+            ],
+            &log,
+        );
+        wait_port(port);
+        for i in 0..10 {
+            let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            if i % 2 == 1 {
+                // A reset rather than a FIN (SO_LINGER 0).
+                socket2::SockRef::from(&s)
+                    .set_linger(Some(Duration::ZERO))
+                    .unwrap();
+            }
+            drop(s);
+        }
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+        let t0 = Instant::now();
+        let text = loop {
+            let text = std::fs::read_to_string(&log).unwrap();
+            if text.contains("refused carrier") || t0.elapsed() > Duration::from_secs(10) {
+                break text;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let refusals = text
+            .lines()
+            .filter(|l| l.contains("refused carrier"))
+            .count();
+        assert_eq!(
+            refusals, 1,
+            "{scheme}: one line for the bad client only:\n{text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -263,6 +263,7 @@ impl Serving {
         let authed = async {
             let (mut carrier, key) = match tokio::time::timeout_at(deadline, setup).await {
                 Ok(Ok(c)) => c,
+                Ok(Err(e)) if is_unheard(&e) => return Err(UNHEARD.to_string()),
                 Ok(Err(e)) => {
                     config.metrics.refused(Refusal::Handshake);
                     return Err(format!("refused carrier: handshake failed: {e}"));
@@ -293,6 +294,7 @@ impl Serving {
         };
         let (carrier, key, who) = match authed {
             Ok(a) => a,
+            Err(e) if e == UNHEARD => return tracing::debug!(%from, "{e} (a check?)"),
             Err(e) => return tracing::warn!(%from, "{e}"),
         };
         let served = run_session(
@@ -311,6 +313,24 @@ impl Serving {
             Err(e) => tracing::warn!(%from, "{e}"),
         }
     }
+}
+
+/// A connection closed (or reset) before its first byte.
+#[derive(Debug)]
+struct Unheard;
+
+const UNHEARD: &str = "closed before sending anything";
+
+impl std::fmt::Display for Unheard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(UNHEARD)
+    }
+}
+
+impl std::error::Error for Unheard {}
+
+fn is_unheard(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|i| i.is::<Unheard>())
 }
 
 /// Where a carrier waits while it authenticates.
@@ -346,7 +366,20 @@ async fn accept_loop(
                     return tracing::warn!(%from, "{e}");
                 }
             }
-            let setup = longhaul_carrier::accept(sock, &transport, tls);
+            let setup = async move {
+                // A connection that ends before its first byte (a load
+                // balancer's TCP check, a port scan) is not a carrier that
+                // failed: no warning for it, nor a refusal counted.
+                let mut first = [0u8; 1];
+                match sock.peek(&mut first).await {
+                    Ok(0) => return Err(std::io::Error::other(Unheard)),
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                        return Err(std::io::Error::other(Unheard))
+                    }
+                    _ => {}
+                }
+                longhaul_carrier::accept(sock, &transport, tls).await
+            };
             serving
                 .handshake_and_serve(from.to_string(), ends, setup, Gate::Pending(ticket))
                 .await;
