@@ -366,12 +366,20 @@ async fn accept_loop(
                     return tracing::warn!(%from, "{e}");
                 }
             }
+            let jmux_tcp = transport == Transport::Tcp
+                && serving.config.session.mode != longhaul_session::Mode::Native;
             let setup = async move {
                 // A connection that ends before its first byte (a load
                 // balancer's TCP check, a port scan) is not a carrier that
                 // failed: no warning for it, nor a refusal counted.
+                // (A JMUX peer on plain TCP may say nothing until it has a
+                // stream to open: no byte is owed from it.)
                 let mut first = [0u8; 1];
-                match sock.peek(&mut first).await {
+                match if jmux_tcp {
+                    Ok(1)
+                } else {
+                    sock.peek(&mut first).await
+                } {
                     Ok(0) => return Err(std::io::Error::other(Unheard)),
                     Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
                         return Err(std::io::Error::other(Unheard))
