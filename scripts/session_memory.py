@@ -12,7 +12,7 @@ Loopback only; every process started here is killed by PID at the end.
 import os, socket, subprocess, sys, tempfile, time
 
 LH = os.environ.get("LH", "target/release/longhaul")
-n = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 200
+n = next((int(a) for a in sys.argv[1:] if a.isdigit()), 200)
 tls = "--tls" in sys.argv
 procs = []
 
@@ -88,3 +88,6 @@ finally:
         p.kill()
     for p in procs:
         p.wait()
+    if "tmp" in globals():
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)

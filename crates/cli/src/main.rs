@@ -136,16 +136,17 @@ fn print_all(bytes: &[u8]) -> anyhow::Result<()> {
     }
 }
 
-/// The subcommands the command line names ("longhaul bench tput").
+/// The subcommands the command line names ("longhaul bench tput"), as clap
+/// parses them (an option's value named like a subcommand is not one).
 fn command_path(argv: &[std::ffi::OsString]) -> String {
-    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let cmd = <Cli as clap::CommandFactory>::command().ignore_errors(true);
     let mut path = vec!["longhaul".to_string()];
-    for a in argv.iter().skip(1).filter_map(|a| a.to_str()) {
-        let Some(sub) = cmd.find_subcommand(a).cloned() else {
-            continue;
-        };
-        path.push(a.to_string());
-        cmd = sub;
+    if let Ok(m) = cmd.try_get_matches_from(argv) {
+        let mut m = &m;
+        while let Some((name, sub)) = m.subcommand() {
+            path.push(name.to_string());
+            m = sub;
+        }
     }
     path.join(" ")
 }

@@ -315,7 +315,11 @@ impl Serving {
     }
 }
 
-/// A connection closed (or reset) before its first byte.
+/// A connection closed this soon after it was accepted, without a byte,
+/// is taken for a check (load balancers close theirs at once).
+const CHECK_TIME: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A connection closed (or reset) at once before its first byte.
 #[derive(Debug)]
 struct Unheard;
 
@@ -368,23 +372,28 @@ async fn accept_loop(
             }
             let jmux_tcp = transport == Transport::Tcp
                 && serving.config.session.mode != longhaul_session::Mode::Native;
+            let accepted = tokio::time::Instant::now();
             let setup = async move {
-                // A connection that ends before its first byte (a load
-                // balancer's TCP check, a port scan) is not a carrier that
-                // failed: no warning for it, nor a refusal counted.
+                // A connection that ends at once before its first byte (a
+                // load balancer's TCP check, a port scan) is not a carrier
+                // that failed: no warning for it, nor a refusal counted.
+                // One that held its place for longer is logged as before.
                 // (A JMUX peer on plain TCP may say nothing until it has a
                 // stream to open: no byte is owed from it.)
                 let mut first = [0u8; 1];
-                match if jmux_tcp {
-                    Ok(1)
-                } else {
-                    sock.peek(&mut first).await
-                } {
-                    Ok(0) => return Err(std::io::Error::other(Unheard)),
-                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                let peeked = match jmux_tcp {
+                    true => Ok(1),
+                    false => sock.peek(&mut first).await,
+                };
+                let at_once = accepted.elapsed() < CHECK_TIME;
+                match peeked {
+                    Ok(0) if at_once => return Err(std::io::Error::other(Unheard)),
+                    Err(e) if at_once && e.kind() == std::io::ErrorKind::ConnectionReset => {
                         return Err(std::io::Error::other(Unheard))
                     }
-                    _ => {}
+                    Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                    Err(e) => return Err(e),
+                    Ok(_) => {}
                 }
                 longhaul_carrier::accept(sock, &transport, tls).await
             };
