@@ -1,11 +1,13 @@
 //! `longhaul`: the thin command-line front end.
 #![forbid(unsafe_code)]
 
+mod arg_errors;
 mod args;
 mod bench_args;
 mod config;
 mod connect;
 mod cp;
+mod install;
 mod reload;
 mod values;
 
@@ -43,7 +45,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let path = command_path(&argv);
+    let path = arg_errors::command_path(&argv);
     let cli = match Cli::try_parse_from(argv) {
         Ok(c) => c,
         Err(e) => {
@@ -56,7 +58,7 @@ fn main() -> ExitCode {
             }
             eprintln!(
                 "longhaul: {}",
-                one_line_error(&e.render().to_string(), &path)
+                arg_errors::one_line_error(&e.render().to_string(), &path)
             );
             return ExitCode::from(2);
         }
@@ -126,74 +128,6 @@ fn default_max_sessions() -> usize {
         .clamp(64, 16_384)
 }
 
-/// Writes to stdout; a reader that went away (`| head`) is not an error.
-fn print_all(bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(()),
-    }
-}
-
-/// The subcommands the command line names ("longhaul bench tput"), as clap
-/// parses them (an option's value named like a subcommand is not one).
-fn command_path(argv: &[std::ffi::OsString]) -> String {
-    let cmd = <Cli as clap::CommandFactory>::command().ignore_errors(true);
-    let mut path = vec!["longhaul".to_string()];
-    if let Ok(m) = cmd.try_get_matches_from(argv) {
-        let mut m = &m;
-        while let Some((name, sub)) = m.subcommand() {
-            path.push(name.to_string());
-            m = sub;
-        }
-    }
-    path.join(" ")
-}
-
-/// A clap error in one line that says what is wrong, what to write and
-/// where to look: clap puts the missing arguments and the usage on lines
-/// of their own, which a one-line message would otherwise cut off.
-fn one_line_error(text: &str, path: &str) -> String {
-    let mut lines = text.lines();
-    let first = lines.next().unwrap_or("invalid arguments");
-    let mut what = first.strip_prefix("error: ").unwrap_or(first).to_string();
-    let mut usage = None;
-    // The arguments clap lists under "...not provided:", or the possible
-    // values under "invalid value", then any "tip:".
-    let listing = what.ends_with(':');
-    let mut first_paragraph = true;
-    for line in lines {
-        let t = line.trim();
-        if let Some(u) = t.strip_prefix("Usage: ") {
-            usage = Some(u.to_string());
-        } else if t.is_empty() {
-            first_paragraph = false;
-        } else if first_paragraph || t.starts_with("tip:") {
-            if listing && !what.ends_with(':') {
-                what.push(',');
-            }
-            what.push_str(if t.starts_with("tip:") { "; " } else { " " });
-            what.push_str(t);
-        }
-    }
-    let what = what.trim_end_matches([',', ':']);
-    // "longhaul bench tput [OPTIONS] ..." → help for that subcommand; an
-    // error without a usage line (a bad value) names the subcommand the
-    // command line gave.
-    let words: Vec<&str> = usage
-        .as_deref()
-        .unwrap_or(path)
-        .split_whitespace()
-        .take_while(|w| !w.starts_with(['[', '<', '-']))
-        .collect();
-    let help = format!("{} --help", words.join(" "));
-    match usage {
-        Some(u) => format!("{what}; usage: {u} (see '{help}')"),
-        None => format!("{what} (see '{help}')"),
-    }
-}
-
 async fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Server(a) => server(a).await,
@@ -216,31 +150,8 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             println!("{}", id.fingerprint);
             Ok(())
         }
-        Cmd::Completions { shell } => {
-            let mut cmd = <Cli as clap::CommandFactory>::command();
-            // Into memory first: the crate panics on a failed write (a
-            // closed pipe), which must be an error like any other.
-            let mut out = Vec::new();
-            clap_complete::generate(shell, &mut cmd, "longhaul", &mut out);
-            print_all(&out)
-        }
-        Cmd::Man { dir } => {
-            let cmd = <Cli as clap::CommandFactory>::command();
-            match dir {
-                Some(dir) => {
-                    std::fs::create_dir_all(&dir)
-                        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
-                    clap_mangen::generate_to(cmd, &dir)
-                        .map_err(|e| anyhow::anyhow!("cannot write to {}: {e}", dir.display()))?;
-                }
-                None => {
-                    let mut out = Vec::new();
-                    clap_mangen::Man::new(cmd).render(&mut out)?;
-                    print_all(&out)?;
-                }
-            }
-            Ok(())
-        }
+        Cmd::Completions { shell } => install::completions(shell),
+        Cmd::Man { dir } => install::man(dir),
         Cmd::Fingerprint { file } => {
             println!("{}", longhaul_carrier::Identity::load(&file)?.fingerprint);
             Ok(())
