@@ -279,8 +279,13 @@ fn thirty_two_mib_through(name: &'static str, loss: &[&str], url: &str, lanes: u
             st["a_to_b"]["bytes"].as_u64().unwrap() > 1 << 20,
             "{status}"
         );
+        // The lossy second link's share varies from run to run: lanes take
+        // chunks as their socket has room, and a lane that lost early has
+        // little for a while (270 KB to several MB seen; over 1 MiB was
+        // asked before, and failed 2 runs in 10 on the build before
+        // 2026-11-25's session too). That it carried data is the point.
         assert!(
-            st["link2"][0]["bytes"].as_u64().unwrap() > 1 << 20,
+            st["link2"][0]["bytes"].as_u64().unwrap() > 128 << 10,
             "{status}"
         );
         assert!(st["link2"][0]["lost"].as_u64().unwrap() > 0, "{status}");
