@@ -277,6 +277,7 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
         None => default_max_sessions(),
     };
     tracing::debug!(max_sessions = cfg.max_sessions, "session slots");
+    cfg.drain_timeout = a.drain_timeout;
     cfg.session.max_stripes = a.max_stripes;
     cfg.congestion = a.session.congestion.clone();
     if let Some(dir) = &a.files {
@@ -330,7 +331,21 @@ async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     for d in server.folders() {
         tracing::info!("serving the folder {d}");
     }
-    server.run_until(stop_signal()).await;
+    // The first signal starts the drain, a second one ends it.
+    let (stopping, mut signals) = tokio::sync::watch::channel(0u32);
+    tokio::spawn(async move {
+        loop {
+            stop_signal().await;
+            stopping.send_modify(|n| *n += 1);
+        }
+    });
+    let mut hurry = signals.clone();
+    server
+        .run_draining(
+            async move { _ = signals.wait_for(|n| *n >= 1).await },
+            async move { _ = hurry.wait_for(|n| *n >= 2).await },
+        )
+        .await;
     Ok(())
 }
 

@@ -23,25 +23,28 @@ fn wait_exit(k: &mut Kill, secs: u64) -> std::process::ExitStatus {
     }
 }
 
-#[test]
-fn sigterm_closes_live_sessions_and_the_server_exits_cleanly() {
+/// A server (with `extra` arguments) and a client without reconnects
+/// forwarding to an echo target, with one stream in the middle of a
+/// conversation.
+fn server_client_stream(name: &str, extra: &[&str]) -> (Kill, Kill, TcpStream, std::path::PathBuf) {
     let tport = echo_target();
     let sport = free_port();
     let lport = free_port();
-    let dir = tmpdir("sigterm");
-    let mut server = spawn_logged(
-        &[
-            "server",
-            "--listen",
-            &format!("tcp://127.0.0.1:{sport}"),
-            "--insecure",
-            "--allow",
-            &format!("127.0.0.1:{tport}"),
-        ],
-        &dir.join("server.log"),
-    );
+    let dir = tmpdir(name);
+    let listen = format!("tcp://127.0.0.1:{sport}");
+    let allow = format!("127.0.0.1:{tport}");
+    let mut args = vec![
+        "server",
+        "--listen",
+        &listen,
+        "--insecure",
+        "--allow",
+        &allow,
+    ];
+    args.extend_from_slice(extra);
+    let server = spawn_logged(&args, &dir.join("server.log"));
     wait_port(sport);
-    let mut client = spawn_logged(
+    let client = spawn_logged(
         &[
             "client",
             &format!("tcp://127.0.0.1:{sport}"),
@@ -59,13 +62,23 @@ fn sigterm_closes_live_sessions_and_the_server_exits_cleanly() {
     let mut b = [0u8; 5];
     s.read_exact(&mut b).unwrap();
     assert_eq!(&b, b"hello");
+    (server, client, s, dir)
+}
 
-    let t = Instant::now();
+fn sigterm(k: &Kill) {
     let ok = Command::new("kill")
-        .args(["-TERM", &server.pid().to_string()])
+        .args(["-TERM", &k.pid().to_string()])
         .status()
         .unwrap();
     assert!(ok.success());
+}
+
+#[test]
+fn sigterm_closes_live_sessions_and_the_server_exits_cleanly() {
+    let (mut server, mut client, mut s, dir) =
+        server_client_stream("sigterm", &["--drain-timeout", "0"]);
+    let t = Instant::now();
+    sigterm(&server);
     let st = wait_exit(&mut server, 5);
     assert!(st.success(), "server exited with {st}");
     // The stream was closed, not left hanging: EOF (or a reset) promptly.
@@ -85,6 +98,43 @@ fn sigterm_closes_live_sessions_and_the_server_exits_cleanly() {
     assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
     let log = std::fs::read_to_string(dir.join("server.log")).unwrap();
     assert!(log.contains("closing 1 session"), "{log}");
+}
+
+#[test]
+fn a_first_sigterm_drains_and_a_second_one_stops_at_once() {
+    let (mut server, _client, mut s, dir) = server_client_stream("drain", &[]);
+    sigterm(&server);
+    // Draining: the open stream goes on, the server with it.
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(500));
+        s.write_all(b"still").unwrap();
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"still");
+        assert!(
+            server.0.try_wait().unwrap().is_none(),
+            "the server stopped during the drain"
+        );
+    }
+    let t = Instant::now();
+    sigterm(&server);
+    let st = wait_exit(&mut server, 5);
+    assert!(st.success(), "server exited with {st}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut rest = vec![];
+    if let Err(e) = s.read_to_end(&mut rest) {
+        assert!(
+            e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::TimedOut,
+            "the stream hung after the server stopped: {e}"
+        );
+    }
+    let log = std::fs::read_to_string(dir.join("server.log")).unwrap();
+    assert!(
+        log.contains("draining 1 session(s), 1 with open streams"),
+        "{log}"
+    );
+    assert!(log.contains("second stop signal"), "{log}");
 }
 
 #[test]

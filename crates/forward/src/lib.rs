@@ -4,7 +4,8 @@
 //! * [`rules`] — deny-by-default target and bind rules (`--allow`,
 //!   `--allow-bind`);
 //! * [`spec`] — ssh-style `-L`/`-R`/`-D` argument parsing;
-//! * [`server`] — accepts carriers and connects allowed targets;
+//! * [`server`] — accepts carriers and connects allowed targets; `drain`
+//!   ends its sessions when it stops, letting their clients move first;
 //! * [`client`] — local forwards, reverse forwards, SOCKS5 and HTTP CONNECT
 //!   listeners over one session; `reconnect` keeps that session alive
 //!   across carrier drops.
@@ -16,6 +17,7 @@ mod client_config;
 pub mod connect;
 mod dial;
 pub mod doctor;
+mod drain;
 pub mod http_connect;
 pub mod known_hosts;
 pub mod metrics;

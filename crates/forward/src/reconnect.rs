@@ -184,9 +184,10 @@ pub(crate) async fn supervise(
             ended.send_replace(Some(why));
             return;
         }
-        let detached = tokio::select! {
-            d = session.detached() => d,
-            _ = stop.wait_for(|s| *s) => false,
+        let (detached, draining) = tokio::select! {
+            d = session.detached() => (d, None),
+            why = session.peer_draining() => (false, Some(why)),
+            _ = stop.wait_for(|s| *s) => (false, None),
         };
         if *stop.borrow() {
             // `Client::stop` closed the session: not a loss to repair.
@@ -194,7 +195,18 @@ pub(crate) async fn supervise(
             return;
         }
         let mut backoff = Backoff::new();
-        if detached {
+        if let Some(why) = draining {
+            // The server is going away: new connections go through a new
+            // session (a load balancer sends it to another server) once
+            // there is one; until then, and for the streams open now, the
+            // old one serves.
+            let why = longhaul_session::logs::escaped(&why);
+            tracing::info!(
+                streams = session.stats().streams,
+                "{url} is draining ({why}): starting a new session for new connections; the open ones stay on the old session"
+            );
+            tokio::spawn(retire(session.clone(), stop.clone()));
+        } else if detached {
             let lost = Instant::now();
             loop {
                 tokio::select! {
@@ -283,7 +295,8 @@ pub(crate) async fn supervise(
             let why = session.close_reason().unwrap_or_default();
             tracing::warn!("session with {url} ended ({why}); starting a new one");
         }
-        // A fresh session: the old one's streams were reset.
+        // A fresh session (the old one's streams were reset, or stay on it
+        // while its server drains).
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(backoff.next()) => {}
@@ -302,6 +315,23 @@ pub(crate) async fn supervise(
                 Err(e) => backoff.log(&format!("reconnecting to {url}: {e:#}")),
             }
         }
+    }
+}
+
+/// A session whose server is draining, no longer the client's current
+/// one: it serves its open streams until the server ends it. A carrier lost
+/// meanwhile is not resumed (the server takes no new carriers while it
+/// drains): its streams are reset, never left hanging.
+async fn retire(session: SessionHandle, mut stop: watch::Receiver<bool>) {
+    tokio::select! {
+        lost = session.detached() => if lost {
+            tracing::warn!(
+                streams = session.stats().streams,
+                "carrier to a draining server lost: the streams left on it are reset"
+            );
+            session.close("carrier lost while the server was draining");
+        },
+        _ = stop.wait_for(|s| *s) => session.close("client stopped"),
     }
 }
 

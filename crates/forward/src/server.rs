@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use longhaul_carrier::folder::{Admission, FolderListener, FolderUrl};
 use longhaul_carrier::{accept_with_backoff, bind_listener, Carrier, ListenUrl, Transport};
@@ -11,6 +10,7 @@ use longhaul_session::Resumables;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+pub use crate::drain::SHUTDOWN_GRACE;
 use crate::metrics::Refusal;
 use crate::pending::Pending;
 use crate::policy::{Policy, PolicyCell};
@@ -143,11 +143,23 @@ impl Server {
         self.run_until(std::future::pending()).await
     }
 
-    /// Serves carriers until `stop` completes, then shuts down gracefully:
-    /// stops accepting, sends CLOSE for every stream of every session and
-    /// ends each carrier once that is written, all within
-    /// [`SHUTDOWN_GRACE`], whatever the peers do.
+    /// Serves carriers until `stop` completes, then stops (see
+    /// [`Server::run_draining`]; no second signal).
     pub async fn run_until(self, stop: impl std::future::Future<Output = ()>) {
+        self.run_draining(stop, std::future::pending()).await
+    }
+
+    /// Serves carriers until `stop` completes, then stops accepting and
+    /// drains: each session is told to open its next streams through a new
+    /// session (elsewhere, behind a load balancer) and ends once it has no
+    /// stream open; at [`ServerConfig::drain_timeout`], or when `hurry`
+    /// completes, the sessions left are closed (CLOSE for every stream,
+    /// the carrier ended within [`SHUTDOWN_GRACE`]). See `drain`.
+    pub async fn run_draining(
+        self,
+        stop: impl std::future::Future<Output = ()>,
+        hurry: impl std::future::Future<Output = ()>,
+    ) {
         let live = self.live.clone();
         let serving = Serving {
             slots: self.slots,
@@ -178,12 +190,7 @@ impl Server {
         // Listeners close with their tasks: nothing new gets in.
         tasks.shutdown().await;
         let sessions = live.drain();
-        tracing::info!("shutting down: closing {} session(s)", sessions.len());
-        let mut closing = tokio::task::JoinSet::new();
-        for h in sessions {
-            closing.spawn(async move { h.shutdown("server shutting down", SHUTDOWN_GRACE).await });
-        }
-        while closing.join_next().await.is_some() {}
+        crate::drain::stop_sessions(sessions, serving.config.drain_timeout, hurry).await;
     }
 
     /// Serves one session on this process's stdin/stdout (`--stdio`). The
@@ -213,9 +220,6 @@ impl Server {
         .await
     }
 }
-
-/// How long a shutting-down server waits for its sessions to close.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 /// What every accept loop shares: the configuration, the session slots,
 /// the live sessions and the resumable ones.

@@ -279,6 +279,8 @@ async fn reverse_udp(
     let stop = async move {
         tokio::select! {
             _ = session.closed() => {}
+            // Draining: the client binds again on its next session.
+            _ = session.drain_started() => {}
             why = grant.revoked() => {
                 tracing::warn!(peer = %grant.peer, "closing the session after the reload: {why}");
                 session.close(&format!("closed by the server's reload: {why}"));
@@ -305,6 +307,9 @@ async fn reverse_accept_loop(
         let (sock, from) = tokio::select! {
             a = accept_with_backoff(&listener, &what) => a,
             _ = session.closed() => return,
+            // Draining: the client binds again on its next session (on
+            // another server); connections accepted so far go on.
+            _ = session.drain_started() => return,
             why = &mut revoked => {
                 tracing::warn!(peer = %grant.peer, "closing the session after the reload: {why}");
                 drop(listener);

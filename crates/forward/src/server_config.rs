@@ -2,6 +2,7 @@
 //! ends.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use longhaul_carrier::folder::FolderUrl;
 use longhaul_carrier::{Identity, ListenUrl, Transport};
@@ -43,7 +44,15 @@ pub struct ServerConfig {
     pub files_without_key: Option<Access>,
     /// What the server counts (shown with `--metrics`).
     pub metrics: Arc<Metrics>,
+    /// On stop, how long sessions with open streams are kept while their
+    /// clients move to other servers (`--drain-timeout`; 0: close at once).
+    /// Default 30 s.
+    pub drain_timeout: Duration,
 }
+
+/// Default of [`ServerConfig::drain_timeout`]: a third of systemd's
+/// default stop timeout (90 s), so a restart never ends in SIGKILL.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Default for ServerConfig {
     /// No listener yet (enough for `--stdio`), nothing allowed.
@@ -63,6 +72,7 @@ impl Default for ServerConfig {
             files: None,
             files_without_key: None,
             metrics: Metrics::new(),
+            drain_timeout: DRAIN_TIMEOUT,
         }
     }
 }

@@ -49,6 +49,9 @@ pub const T_CHUNK: u8 = 117;
 /// One datagram of a UDP flow (a stream opened to `udp://host:port`):
 /// delivered whole or not at all, outside the stream's window.
 pub const T_DATAGRAM: u8 = 118;
+/// The sender is going away (a server draining for a restart): open new
+/// streams through a new session; the streams open now go on.
+pub const T_DRAIN: u8 = 119;
 
 /// Why an OPEN (or a BIND) failed. The values are JMUX's, which are SOCKS5's
 /// reply codes, so a SOCKS5 front end can pass them straight through.
@@ -177,6 +180,10 @@ pub enum Frame {
         recipient: u32,
         payload: Bytes,
     },
+    /// The sender is draining (see [`T_DRAIN`]); `reason` says why.
+    Drain {
+        reason: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -214,6 +221,7 @@ impl Frame {
             Frame::Goodbye => T_GOODBYE,
             Frame::Chunk { .. } => T_CHUNK,
             Frame::Datagram { .. } => T_DATAGRAM,
+            Frame::Drain { .. } => T_DRAIN,
         }
     }
 
@@ -237,6 +245,7 @@ impl Frame {
             Frame::Ack { .. } => 8,
             Frame::Goodbye => 0,
             Frame::Chunk { .. } => 12,
+            Frame::Drain { reason } => reason.len(),
         }
     }
 
@@ -302,6 +311,7 @@ impl Frame {
             Frame::Ping { nonce } | Frame::Pong { nonce } => dst.put_u64(*nonce),
             Frame::Ack { received } => dst.put_u64(*received),
             Frame::Goodbye => {}
+            Frame::Drain { reason } => dst.put_slice(reason.as_bytes()),
             Frame::Chunk { offset, len } => {
                 dst.put_u64(*offset);
                 dst.put_u32(*len);
@@ -399,8 +409,8 @@ pub fn decode(buf: &mut BytesMut, limits: DecodeLimits) -> Result<Option<Frame>,
             limit: limits.max_frame,
         });
     }
-    let known = (T_OPEN..=T_CLOSE).contains(&ty)
-        || (limits.extensions && (T_PING..=T_DATAGRAM).contains(&ty));
+    let known =
+        (T_OPEN..=T_CLOSE).contains(&ty) || (limits.extensions && (T_PING..=T_DRAIN).contains(&ty));
     if !known {
         return Err(FrameError::UnknownType(ty));
     }
@@ -540,6 +550,9 @@ fn decode_body(ty: u8, mut b: Bytes) -> Result<Frame, FrameError> {
             }
         }
         T_GOODBYE => Frame::Goodbye,
+        T_DRAIN => Frame::Drain {
+            reason: string(&b, "DRAIN")?,
+        },
         T_CHUNK => {
             need(&b, 12, "CHUNK")?;
             Frame::Chunk {

@@ -191,6 +191,7 @@ pub(crate) fn any_frame() -> impl Strategy<Value = Frame> {
         any::<u64>().prop_map(|nonce| Frame::Pong { nonce }),
         any::<u64>().prop_map(|received| Frame::Ack { received }),
         Just(Frame::Goodbye),
+        any_string().prop_map(|reason| Frame::Drain { reason }),
         (any::<u64>(), any::<u32>()).prop_map(|(offset, len)| Frame::Chunk { offset, len }),
         (any::<u32>(), any_string(), any_string()).prop_map(|(request, bind, dest)| {
             Frame::Bind {

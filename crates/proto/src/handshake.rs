@@ -28,9 +28,12 @@ pub const FEATURE_BIND: u32 = 1 << 1;
 /// whose proofs were not bound to the carrier: a peer that offers only
 /// that one gets a session without resume.)
 pub const FEATURE_RESUME: u32 = 1 << 3;
+/// DRAIN messages: a server going away tells its clients to open their
+/// next streams through a new session (a peer without it is not told).
+pub const FEATURE_DRAIN: u32 = 1 << 4;
 /// What every native session offers; [`FEATURE_RESUME`] is added by
 /// sessions that can resume (not JMUX-like pipes such as `--stdio`).
-pub const FEATURES: u32 = FEATURE_PING | FEATURE_BIND;
+pub const FEATURES: u32 = FEATURE_PING | FEATURE_BIND | FEATURE_DRAIN;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {

@@ -303,6 +303,45 @@ impl SessionHandle {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Starts draining: the peer (if it understands DRAIN; a client does
+    /// from this version on) is told to open its next streams through a
+    /// new session; the open streams go on, and OPENs are still served.
+    /// Whoever runs the session decides when to end it
+    /// ([`SessionHandle::shutdown`]).
+    pub fn drain(&self, why: &str) {
+        self.shared.drain_tx.send_replace(true);
+        self.shared.with(|m, _| m.drain(why));
+        self.shared.wake_writer.notify_one();
+    }
+
+    /// Resolves once this side starts draining (never otherwise): what
+    /// serves the peer's reverse forwards stops taking connections then.
+    pub async fn drain_started(&self) {
+        let mut rx = self.shared.drain_tx.subscribe();
+        if rx.wait_for(|d| *d).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// The peer's reason, once it said it is draining.
+    pub fn peer_drain(&self) -> Option<String> {
+        self.shared.peer_drain_tx.borrow().clone()
+    }
+
+    /// Resolves with the peer's reason once it says it is draining (never
+    /// otherwise).
+    pub async fn peer_draining(&self) -> String {
+        let mut rx = self.shared.peer_drain_tx.subscribe();
+        let why = match rx.wait_for(|d| d.is_some()).await {
+            Ok(d) => d.clone(),
+            Err(_) => None,
+        };
+        match why {
+            Some(why) => why,
+            None => std::future::pending().await,
+        }
+    }
+
     /// Whether the session has no carrier now (waiting for a resume).
     pub fn is_detached(&self) -> bool {
         *self.shared.detached_tx.borrow()

@@ -134,6 +134,10 @@ pub(crate) struct Shared {
     pub attach_lock: tokio::sync::Mutex<()>,
     /// The peer ended the session on purpose (GOODBYE).
     pub peer_goodbye: std::sync::atomic::AtomicBool,
+    /// This side is draining (see `SessionHandle::drain`).
+    pub drain_tx: watch::Sender<bool>,
+    /// The peer is draining: its reason.
+    pub peer_drain_tx: watch::Sender<Option<String>>,
     pub wake_writer: Notify,
     pub closed_tx: watch::Sender<Option<String>>,
     /// Set once the carrier writer has ended (the carrier is shut down).
@@ -170,6 +174,8 @@ impl Shared {
             detached_tx: watch::channel(false).0,
             attach_lock: tokio::sync::Mutex::new(()),
             peer_goodbye: std::sync::atomic::AtomicBool::new(false),
+            drain_tx: watch::channel(false).0,
+            peer_drain_tx: watch::channel(None).0,
             st: Mutex::new(State {
                 conn,
                 streams: HashMap::new(),
@@ -360,6 +366,14 @@ impl Shared {
                 }
             }
             Event::CarrierSilent { silent } => st.silent = Some(silent),
+            Event::PeerDraining { reason } => {
+                tracing::info!(
+                    peer = %self.peer,
+                    reason = %crate::logs::escaped(&reason),
+                    "the peer is draining: new streams go through a new session, the open ones go on"
+                );
+                self.peer_drain_tx.send_replace(Some(reason));
+            }
         }
     }
 

@@ -27,6 +27,8 @@ pub(crate) struct Negotiated {
     pub frame_limit: u16,
     /// Both sides offered the link layer.
     pub resume: bool,
+    /// Both sides understand DRAIN.
+    pub drain: bool,
 }
 
 /// Runs the native hello (nothing in JMUX mode).
@@ -49,6 +51,7 @@ pub(crate) async fn hello_then(
             extensions: false,
             frame_limit: u16::MAX,
             resume: false,
+            drain: false,
         });
     }
     let mut ours = Hello::ours(config.max_frame);
@@ -73,6 +76,8 @@ pub(crate) async fn hello_then(
         frame_limit: n.max_frame,
         // The link layer's frames are extensions: resume needs them.
         resume: n.features & handshake::FEATURE_RESUME != 0
+            && n.features & handshake::FEATURE_PING != 0,
+        drain: n.features & handshake::FEATURE_DRAIN != 0
             && n.features & handshake::FEATURE_PING != 0,
     })
 }
@@ -126,6 +131,8 @@ pub(crate) fn build(
             .clamp(1, MAX_DATA_PAYLOAD),
         resumable: link.is_some(),
     });
+    let mut mux = mux;
+    mux.set_drain_negotiated(n.drain);
     let limits = decode_limits(&config, n);
     let peer = carrier.peer.clone();
     let mut link = link;

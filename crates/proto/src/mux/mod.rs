@@ -13,6 +13,7 @@
 //! Time is the caller's clock in nanoseconds since the session started.
 
 mod datagram;
+mod drain;
 mod local;
 mod rules;
 pub mod stream;
@@ -28,6 +29,7 @@ use crate::frame::{Frame, Reason, DATA_HEADER_LEN, MAX_FRAME_LEN};
 use crate::outframe::OutFrame;
 use crate::window::{Budget, RecvWindow, SendCredit, WindowConfig};
 pub use datagram::{DatagramStats, Dropped, DATAGRAM_QUEUE};
+pub use drain::MAX_DRAIN_REASON;
 pub use stream::Phase;
 
 /// Smallest window granted to a new stream when the budget is spent.
@@ -146,6 +148,9 @@ pub enum Event {
     },
     /// One datagram for flow `id`'s local socket (see `datagram`).
     Datagram { id: u32, payload: Bytes },
+    /// The peer is draining (a server about to restart): open the next
+    /// streams through a new session; the open ones go on.
+    PeerDraining { reason: String },
     /// Nothing heard for `dead_after` on a resumable session: drop the
     /// carrier and resume on a new one ([`Mux::set_attached`]).
     CarrierSilent { silent: Duration },
@@ -238,6 +243,12 @@ pub struct Mux {
     last_bytes: u64,
     dead: Option<String>,
     goodbye: Option<String>,
+    /// We told the peer we are draining (once).
+    drain_sent: bool,
+    /// The peer can hear a DRAIN (see [`Mux::set_drain_negotiated`]).
+    drain_negotiated: bool,
+    /// The peer is draining: why (see [`Mux::drain`]).
+    peer_drain: Option<String>,
     bytes_sent: u64,
     bytes_received: u64,
     events: VecDeque<Event>,
@@ -280,6 +291,9 @@ impl Mux {
             last_bytes: 0,
             dead: None,
             goodbye: None,
+            drain_sent: false,
+            drain_negotiated: false,
+            peer_drain: None,
             bytes_sent: 0,
             bytes_received: 0,
             events: VecDeque::new(),

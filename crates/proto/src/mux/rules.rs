@@ -287,6 +287,7 @@ impl Mux {
                 }),
                 "BIND_FAILURE",
             )?,
+            Frame::Drain { reason } => self.on_drain(reason),
             Frame::Ack { .. } | Frame::Goodbye | Frame::Chunk { .. } => {
                 // The link layer takes its frames before they reach here.
                 return Err(Violation(

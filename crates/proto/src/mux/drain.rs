@@ -1,0 +1,77 @@
+//! Draining: a side about to go away (a server stopping for a restart)
+//! tells its peer to open the next streams through a new session — which a
+//! load balancer sends to another server — while the streams open now go
+//! on until they end. Like HTTP/2's GOAWAY, without its last-stream id:
+//! OPENs keep being accepted, so one that crossed the DRAIN never fails.
+
+use crate::frame::Frame;
+
+use super::{Event, Mux};
+
+/// Longest drain reason kept or sent (bytes): it is only logged.
+pub const MAX_DRAIN_REASON: usize = 200;
+
+/// Cuts `s` to at most `max` bytes, on a character boundary.
+fn truncate_utf8(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+}
+
+impl Mux {
+    /// Both sides offered `FEATURE_DRAIN` in their hello: only then may a
+    /// DRAIN be sent (a peer without it would take it for a protocol
+    /// error). Off until said.
+    pub fn set_drain_negotiated(&mut self, yes: bool) {
+        self.drain_negotiated = yes && self.cfg.extensions;
+    }
+
+    /// Tells the peer, once, that this side is draining (nothing if the
+    /// peer cannot hear it).
+    pub fn drain(&mut self, why: &str) {
+        if self.drain_sent
+            || !self.drain_negotiated
+            || self.dead.is_some()
+            || self.goodbye.is_some()
+        {
+            return;
+        }
+        self.drain_sent = true;
+        let mut reason = why.to_owned();
+        truncate_utf8(&mut reason, MAX_DRAIN_REASON);
+        self.send_control(Frame::Drain { reason });
+    }
+
+    /// The peer said it is draining: its reason.
+    pub fn peer_drain(&self) -> Option<&str> {
+        self.peer_drain.as_deref()
+    }
+
+    /// A DRAIN from the peer: the first one counts, repeats change nothing.
+    pub(super) fn on_drain(&mut self, mut reason: String) {
+        if self.peer_drain.is_none() {
+            truncate_utf8(&mut reason, MAX_DRAIN_REASON);
+            self.peer_drain = Some(reason.clone());
+            self.events.push_back(Event::PeerDraining { reason });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_is_cut_on_a_character_boundary() {
+        let mut s = "é".repeat(150);
+        truncate_utf8(&mut s, MAX_DRAIN_REASON);
+        assert_eq!(s.len(), MAX_DRAIN_REASON);
+        let mut s = format!("a{}", "é".repeat(150));
+        truncate_utf8(&mut s, MAX_DRAIN_REASON);
+        assert_eq!(s.len(), MAX_DRAIN_REASON - 1);
+    }
+}
