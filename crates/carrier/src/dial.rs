@@ -24,6 +24,12 @@ pub struct DialOptions {
     /// Leave from this local address (an uplink of its own, for the lanes
     /// of a striped session bonding several).
     pub bind: Option<std::net::IpAddr>,
+    /// The server instance that holds the session this carrier joins (a
+    /// resume, a lane): sent as the TLS server name and in the WebSocket
+    /// upgrade's `Longhaul-Instance` header, where a load balancer can
+    /// route on it without terminating longhaul's TLS. See
+    /// `longhaul_proto::resume::instance`.
+    pub instance: Option<String>,
 }
 
 fn need_tls(url: &CarrierUrl) -> io::Error {
@@ -76,21 +82,22 @@ pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
     crate::tune_carrier_socket(&tcp)?;
     let peer = url.to_string();
     let flag = UrgentFlag::default();
+    let name = opts.instance.as_deref();
     match transport {
         Transport::Tcp => Carrier::from_tcp(tcp),
         Transport::Tls => {
             let cfg = opts.tls.clone().ok_or_else(|| need_tls(url))?;
             let (filler, probe) = crate::filler_and_probe(tcp, &flag)?;
-            let s = tls::connect(filler, cfg).await?;
+            let s = tls::connect_named(filler, cfg, name).await?;
             let b = tls::binding(s.get_ref().1);
             Ok(Carrier::from_io(s, Some(probe), Some(flag), peer).bound(b))
         }
         Transport::Ws { path } => {
             let (filler, probe) = crate::filler_and_probe(tcp, &flag)?;
-            let w = ws::connect(filler, &format!("ws://{addr}{path}")).await?;
+            let w = ws::connect_to(filler, &format!("ws://{addr}{path}"), name).await?;
             match opts.tls.clone() {
                 Some(cfg) => {
-                    let s = tls::connect(w, cfg).await?;
+                    let s = tls::connect_named(w, cfg, name).await?;
                     let b = tls::binding(s.get_ref().1);
                     Ok(Carrier::from_io(s, Some(probe), Some(flag), peer).bound(b))
                 }
@@ -100,9 +107,9 @@ pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
         Transport::Wss { path } => {
             let cfg = opts.tls.clone().ok_or_else(|| need_tls(url))?;
             let (filler, probe) = crate::filler_and_probe(tcp, &flag)?;
-            let s = tls::connect(filler, cfg).await?;
+            let s = tls::connect_named(filler, cfg, name).await?;
             let b = tls::binding(s.get_ref().1);
-            let w = ws::connect(s, &format!("wss://{addr}{path}")).await?;
+            let w = ws::connect_to(s, &format!("wss://{addr}{path}"), name).await?;
             Ok(Carrier::from_io(w, Some(probe), Some(flag), peer).bound(b))
         }
     }

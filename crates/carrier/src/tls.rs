@@ -248,10 +248,59 @@ impl SessionCache {
         }
         let v = PinVerifier::new(Some(fp));
         let mut cfg = Arc::unwrap_or_clone(client_config(id, v.clone())?);
-        cfg.resumption = rustls::client::Resumption::in_memory_sessions(4 * TICKETS);
+        cfg.resumption = rustls::client::Resumption::store(Arc::new(OneName(Arc::new(
+            rustls::client::ClientSessionMemoryCache::new(4 * TICKETS),
+        ))));
         let cfg = Arc::new(cfg);
         *cached = Some((fp, cfg.clone(), v.clone()));
         Ok((cfg, v))
+    }
+}
+
+/// A session store that files every server name under one: a client's
+/// carriers all go to one server (or one fleet, whose members name
+/// themselves differently), so a lane that names the session's instance
+/// still resumes the TLS session of the carrier before it. (A ticket
+/// shown to another member of a fleet is refused there: a full handshake.)
+#[derive(Debug)]
+struct OneName(Arc<dyn rustls::client::ClientSessionStore>);
+
+fn one_name() -> ServerName<'static> {
+    ServerName::try_from(DEFAULT_NAME).expect("static name is valid")
+}
+
+impl rustls::client::ClientSessionStore for OneName {
+    fn set_kx_hint(&self, _: ServerName<'static>, group: rustls::NamedGroup) {
+        self.0.set_kx_hint(one_name(), group)
+    }
+    fn kx_hint(&self, _: &ServerName<'_>) -> Option<rustls::NamedGroup> {
+        self.0.kx_hint(&one_name())
+    }
+    fn set_tls12_session(
+        &self,
+        _: ServerName<'static>,
+        value: rustls::client::Tls12ClientSessionValue,
+    ) {
+        self.0.set_tls12_session(one_name(), value)
+    }
+    fn tls12_session(&self, _: &ServerName<'_>) -> Option<rustls::client::Tls12ClientSessionValue> {
+        self.0.tls12_session(&one_name())
+    }
+    fn remove_tls12_session(&self, _: &ServerName<'static>) {
+        self.0.remove_tls12_session(&one_name())
+    }
+    fn insert_tls13_ticket(
+        &self,
+        _: ServerName<'static>,
+        value: rustls::client::Tls13ClientSessionValue,
+    ) {
+        self.0.insert_tls13_ticket(one_name(), value)
+    }
+    fn take_tls13_ticket(
+        &self,
+        _: &ServerName<'static>,
+    ) -> Option<rustls::client::Tls13ClientSessionValue> {
+        self.0.take_tls13_ticket(&one_name())
     }
 }
 
@@ -305,8 +354,26 @@ pub async fn connect<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    connect_named(io, cfg, None).await
+}
+
+/// The server name sent when there is no instance to name.
+const DEFAULT_NAME: &str = "longhaul";
+
+/// Runs the client handshake, sending `instance` as the server name (for
+/// a load balancer to route on; `None`: "longhaul").
+pub async fn connect_named<S>(
+    io: S,
+    cfg: Arc<rustls::ClientConfig>,
+    instance: Option<&str>,
+) -> std::io::Result<ClientTls<Buffered<S>>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     // Names are not checked (keys are pinned); any valid name will do.
-    let name = ServerName::try_from("longhaul").expect("static name is valid");
+    let name = instance
+        .and_then(|n| ServerName::try_from(n.to_owned()).ok())
+        .unwrap_or_else(|| ServerName::try_from(DEFAULT_NAME).expect("static name is valid"));
     let io = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, io);
     let mut tls = tokio_rustls::TlsConnector::from(cfg)
         .connect(name, io)

@@ -155,7 +155,29 @@ pub async fn connect<S>(io: S, url: &str) -> std::io::Result<WsIo<S>>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let (ws, _resp) = tokio_tungstenite::client_async_with_config(url, io, Some(ws_config()))
+    connect_to(io, url, None).await
+}
+
+/// The upgrade request's header naming the server instance that holds the
+/// session (for a load balancer: nginx `$http_longhaul_instance`, HAProxy
+/// `hdr(longhaul-instance)`).
+pub const INSTANCE_HEADER: &str = "longhaul-instance";
+
+/// [`connect`], naming the server `instance` in [`INSTANCE_HEADER`].
+pub async fn connect_to<S>(io: S, url: &str, instance: Option<&str>) -> std::io::Result<WsIo<S>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::http::HeaderValue;
+    let bad = |e: tokio_tungstenite::tungstenite::Error| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{url}: {e}"))
+    };
+    let mut req = url.into_client_request().map_err(bad)?;
+    if let Some(v) = instance.and_then(|n| HeaderValue::from_str(n).ok()) {
+        req.headers_mut().insert(INSTANCE_HEADER, v);
+    }
+    let (ws, _resp) = tokio_tungstenite::client_async_with_config(req, io, Some(ws_config()))
         .await
         .map_err(|e| {
             std::io::Error::new(

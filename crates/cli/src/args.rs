@@ -375,6 +375,9 @@ pub struct ServerArgs {
     /// hard limit at start), from 64 to 16384.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_sessions: Option<u32>,
+    /// This server's name in a fleet behind a load balancer, told to each client: its later carriers of a session (resumes, lanes) carry it as the TLS server name and in a Longhaul-Instance header, for the balancer to send them here (default: the host name; "" for none).
+    #[arg(long, value_name = "NAME")]
+    pub instance: Option<String>,
     /// On SIGTERM or Ctrl-C, keep sessions with open streams this long while their clients open new ones elsewhere (a second signal stops at once; 0: close every stream at once).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_span)]
     pub drain_timeout: std::time::Duration,

@@ -9,10 +9,12 @@ use crate::known_hosts::Known;
 use crate::client_config::ClientConfig;
 
 /// Dials the carrier and checks the server's key (pin or known-hosts)
-/// before anything else is sent.
+/// before anything else is sent. `instance`: the server instance holding
+/// the session this carrier joins (see `DialOptions::instance`).
 pub(crate) async fn connect(
     config: &ClientConfig,
     bind: Option<std::net::IpAddr>,
+    instance: Option<&str>,
 ) -> anyhow::Result<longhaul_carrier::Carrier> {
     let url = &config.server;
     let use_tls = match url {
@@ -42,6 +44,7 @@ pub(crate) async fn connect(
         tls: None,
         congestion: config.congestion.clone(),
         bind,
+        instance: instance.map(str::to_owned),
     };
     let mut known = Known::Unknown;
     let mut verifier = None;

@@ -15,19 +15,27 @@ use crate::client_config::{ClientAcceptor, ClientConfig};
 use crate::dial::connect;
 
 /// Dials the server and authenticates: a carrier ready for the hello.
-pub(crate) async fn dial(config: &ClientConfig) -> anyhow::Result<longhaul_carrier::Carrier> {
-    dial_lane(config, 0).await
+/// `instance`: the server instance holding the session it resumes.
+pub(crate) async fn dial(
+    config: &ClientConfig,
+    instance: Option<&str>,
+) -> anyhow::Result<longhaul_carrier::Carrier> {
+    dial_lane(config, 0, instance).await
 }
 
 /// Dials lane `number` of a striped session: from the `via` address whose
 /// turn it is, if any.
-async fn dial_lane(config: &ClientConfig, number: u8) -> anyhow::Result<longhaul_carrier::Carrier> {
+async fn dial_lane(
+    config: &ClientConfig,
+    number: u8,
+    instance: Option<&str>,
+) -> anyhow::Result<longhaul_carrier::Carrier> {
     let url = &config.server;
     let bind = match config.via.len() {
         0 => None,
         n => Some(config.via[number as usize % n]),
     };
-    let mut carrier = connect(config, bind).await?;
+    let mut carrier = connect(config, bind, instance).await?;
     if config.session.mode == longhaul_session::Mode::Native {
         let p = crate::auth::preamble(config.token.as_deref()).map_err(|e| anyhow!(e))?;
         carrier
@@ -45,7 +53,7 @@ pub(crate) async fn establish(
     acceptor: Arc<ClientAcceptor>,
 ) -> anyhow::Result<SessionHandle> {
     let url = &config.server;
-    let carrier = dial(config).await?;
+    let carrier = dial(config, None).await?;
     let s = Session::start(carrier, config.session.clone(), acceptor)
         .await
         .with_context(|| {
@@ -85,7 +93,8 @@ async fn keep_lanes(config: Arc<ClientConfig>, session: SessionHandle) {
             let c = config.clone();
             number = number.wrapping_add(1);
             let n = number;
-            dials.spawn(async move { (n, dial_lane(&c, n).await) });
+            let instance = session.instance().map(str::to_owned);
+            dials.spawn(async move { (n, dial_lane(&c, n, instance.as_deref()).await) });
         }
         let limit = config.session.handshake_timeout;
         while let Some(d) = dials.join_next().await {
@@ -230,7 +239,7 @@ pub(crate) async fn supervise(
                     break;
                 }
                 let attempt = async {
-                    let carrier = dial(&config).await?;
+                    let carrier = dial(&config, session.instance()).await?;
                     session.resume(carrier).await.map_err(anyhow::Error::from)
                 };
                 // A dial into a black hole must not hold up the next one.

@@ -15,7 +15,7 @@ use crate::metrics::Refusal;
 use crate::pending::Pending;
 use crate::policy::{Policy, PolicyCell};
 use crate::server_config::Ends;
-pub use crate::server_config::ServerConfig;
+pub use crate::server_config::{host_instance, ServerConfig};
 use crate::server_session::{authenticate, run_session, serve_carrier};
 use crate::sessions::{Live, Slots};
 

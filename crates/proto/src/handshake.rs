@@ -31,9 +31,13 @@ pub const FEATURE_RESUME: u32 = 1 << 3;
 /// DRAIN messages: a server going away tells its clients to open their
 /// next streams through a new session (a peer without it is not told).
 pub const FEATURE_DRAIN: u32 = 1 << 4;
+/// The server's instance name follows its answer to a new resumable
+/// session (`resume::Instance`), for the client's later carriers of that
+/// session to carry where a load balancer routes on it.
+pub const FEATURE_INSTANCE: u32 = 1 << 5;
 /// What every native session offers; [`FEATURE_RESUME`] is added by
 /// sessions that can resume (not JMUX-like pipes such as `--stdio`).
-pub const FEATURES: u32 = FEATURE_PING | FEATURE_BIND | FEATURE_DRAIN;
+pub const FEATURES: u32 = FEATURE_PING | FEATURE_BIND | FEATURE_DRAIN | FEATURE_INSTANCE;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {

@@ -16,6 +16,8 @@
 //!   | 16 B session id | 32 B the server's X25519 key share (new only)
 //!   | u64 bytes received (new: lanes granted in its first byte)
 //!   | u32 replay limit
+//!   (new, with `handshake::FEATURE_INSTANCE` on both sides: then
+//!   u8 length | the server's instance name, 0..=63 bytes; see [`instance`])
 //! ```
 //!
 //! A striped session (`stripe`) starts like any other, with the
@@ -370,6 +372,68 @@ impl Attached {
             4 => Attached::Refused(Refusal::BadOffset),
             k => return Err(ResumeError::BadKind(k)),
         })
+    }
+}
+
+/// A server's instance name: what its clients' later carriers of a
+/// session (resumes, lanes) carry in the TLS server name and a WebSocket
+/// header, for a load balancer to send them to the server that holds it.
+pub mod instance {
+    /// Longest name (a DNS label's limit).
+    pub const MAX_LEN: usize = 63;
+
+    /// Whether `name` can be one: 1 to 63 ASCII letters, digits, `-` and
+    /// `.`, starting and ending with a letter or digit, with a letter
+    /// somewhere (a TLS server name may not be an IP address).
+    pub fn valid(name: &str) -> bool {
+        let b = name.as_bytes();
+        !b.is_empty()
+            && b.len() <= MAX_LEN
+            && b.iter()
+                .all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'.')
+            && b[0].is_ascii_alphanumeric()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+            && !name.contains("..")
+            && b.iter().any(|c| c.is_ascii_alphabetic())
+    }
+
+    /// The trailer after a new session's ATTACHED: length, then the name
+    /// (empty: the server has none).
+    pub fn encode(name: Option<&str>) -> Vec<u8> {
+        let name = name.filter(|n| valid(n)).unwrap_or("");
+        let mut v = Vec::with_capacity(1 + name.len());
+        v.push(name.len() as u8);
+        v.extend_from_slice(name.as_bytes());
+        v
+    }
+
+    /// A trailer's name, once its `len` bytes are read (`None`: empty, or
+    /// not a valid name — ignored, as if the server had none).
+    pub fn decode(bytes: &[u8]) -> Option<String> {
+        let s = std::str::from_utf8(bytes).ok()?;
+        valid(s).then(|| s.to_owned())
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn names() {
+            for ok in ["s1", "lh-a.example", "edge7", "a"] {
+                assert!(valid(ok), "{ok}");
+            }
+            let long = "a".repeat(64);
+            for bad in ["", "10.0.0.1", "-a", "a-", "a..b", "a_b", "é", " a", &long] {
+                assert!(!valid(bad), "{bad}");
+            }
+            assert_eq!(encode(Some("s1")), b"\x02s1");
+            assert_eq!(encode(Some("bad name")), b"\x00");
+            assert_eq!(encode(None), b"\x00");
+            assert_eq!(decode(b"s1").as_deref(), Some("s1"));
+            assert_eq!(decode(b""), None);
+            assert_eq!(decode(b"\xff"), None);
+        }
     }
 }
 

@@ -85,6 +85,11 @@ pub struct SessionConfig {
     /// still grow on sub-millisecond paths where the pipeline, not the wire,
     /// holds the bytes in flight. Default 1 ms.
     pub rtt_floor: Duration,
+    /// Server: its instance name, told to clients in a new session's
+    /// answer (`longhaul_proto::resume::instance`); their later carriers
+    /// of the session carry it for a load balancer to route on. None: no
+    /// name (and on a client, unused).
+    pub instance: Option<String>,
 }
 
 impl Default for SessionConfig {
@@ -109,6 +114,7 @@ impl Default for SessionConfig {
             open_timeout: Duration::from_secs(30),
             idle_timeout: None,
             rtt_floor: Duration::from_millis(1),
+            instance: None,
         }
     }
 }

@@ -386,6 +386,8 @@ async fn run_lane(sel: u8, peer_bytes: &[u8], lanes: u8) {
     let writer = tokio::spawn(async move {
         let mut hello = Hello::ours(u16::MAX);
         hello.features |= FEATURE_RESUME;
+        // The bare answer, without an instance name behind it.
+        hello.features &= !longhaul_proto::handshake::FEATURE_INSTANCE;
         peer_w.write_all(&hello.encode()).await?;
         let granted = Attached::New {
             id: SessionId([1; 16]),

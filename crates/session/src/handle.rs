@@ -89,12 +89,17 @@ impl Session {
         acceptor: Arc<dyn Acceptor>,
     ) -> Result<SessionHandle, SessionError> {
         let n = hello(&mut carrier, &config).await?;
-        let link = if n.resume {
-            Some(crate::resume::open_new(&mut carrier, &config).await?)
+        let (link, instance) = if n.resume {
+            let (l, name) = crate::resume::open_new(&mut carrier, &config, n.instance).await?;
+            (Some(l), name)
         } else {
-            None
+            (None, None)
         };
-        Ok(build(carrier, config, acceptor, &n, Role::Client, link))
+        let h = build(carrier, config, acceptor, &n, Role::Client, link);
+        if let Some(name) = instance {
+            let _ = h.shared.instance.set(name);
+        }
+        Ok(h)
     }
 
     /// Server side: runs the hello and, with resume, the attach exchange: a
@@ -301,6 +306,13 @@ impl SessionHandle {
         self.shared
             .peer_goodbye
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Client side: the instance name the server told for this session:
+    /// its later carriers carry it (TLS server name, WebSocket header) for
+    /// a load balancer to send them to the same server.
+    pub fn instance(&self) -> Option<&str> {
+        self.shared.instance.get().map(String::as_str)
     }
 
     /// Starts draining: the peer (if it understands DRAIN; a client does

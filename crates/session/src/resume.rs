@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex, Weak};
 
 use longhaul_carrier::Carrier;
 use longhaul_proto::link::{AttachRefused, LinkLayer};
-use longhaul_proto::resume::{Attach, Attached, Refusal, SessionId, ATTACHED_LEN, ATTACH_LEN};
+use longhaul_proto::resume::{
+    instance, Attach, Attached, Refusal, SessionId, ATTACHED_LEN, ATTACH_LEN,
+};
 use longhaul_proto::stripe::MAX_LANES;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -100,11 +102,14 @@ async fn exchange<T>(
         .map_err(|_| SessionError::HelloTimeout(config.handshake_timeout))?
 }
 
-/// Client: asks for a new resumable session.
+/// Client: asks for a new resumable session. Returns its link layer and
+/// the server's instance name, if it told one (`with_instance`: the
+/// hellos agreed it would).
 pub(crate) async fn open_new(
     carrier: &mut Carrier,
     config: &SessionConfig,
-) -> Result<LinkLayer, SessionError> {
+    with_instance: bool,
+) -> Result<(LinkLayer, Option<String>), SessionError> {
     let limit = replay_limit(config);
     let share = Share::new()?;
     let ours = share.public();
@@ -118,9 +123,26 @@ pub(crate) async fn open_new(
         carrier.writer.flush().await?;
         let mut b = [0u8; ATTACHED_LEN];
         carrier.reader.read_exact(&mut b).await?;
-        Ok(Attached::decode(&b)?)
+        let answer = Attached::decode(&b)?;
+        let mut name = None;
+        if with_instance && matches!(answer, Attached::New { .. }) {
+            let mut len = [0u8; 1];
+            carrier.reader.read_exact(&mut len).await?;
+            if len[0] as usize > instance::MAX_LEN {
+                return Err(SessionError::Closed(format!(
+                    "server sent an instance name of {} bytes (at most {})",
+                    len[0],
+                    instance::MAX_LEN
+                )));
+            }
+            let mut b = vec![0u8; len[0] as usize];
+            carrier.reader.read_exact(&mut b).await?;
+            name = instance::decode(&b);
+        }
+        Ok((answer, name))
     })
     .await?;
+    let (answer, name) = answer;
     match answer {
         Attached::New {
             id,
@@ -134,15 +156,9 @@ pub(crate) async fn open_new(
                     "server granted {lanes} lanes, more than asked"
                 )));
             }
-            tracing::debug!(session = %id, lanes, "resumable session opened");
-            Ok(LinkLayer::new(
-                limit,
-                peer as usize,
-                lanes,
-                id,
-                secret,
-                String::new(),
-            ))
+            tracing::debug!(session = %id, lanes, instance = ?name, "resumable session opened");
+            let link = LinkLayer::new(limit, peer as usize, lanes, id, secret, String::new());
+            Ok((link, name))
         }
         Attached::Refused(r) => Err(SessionError::ResumeRefused(r)),
         Attached::Resumed { .. } | Attached::Joined => Err(SessionError::Closed(
@@ -319,8 +335,12 @@ pub(crate) async fn serve_attach(
                 replay_limit: limit as u32,
                 lanes,
             };
+            let mut msg = answer.encode().to_vec();
+            if n.instance {
+                msg.extend(instance::encode(config.instance.as_deref()));
+            }
             exchange(&config, async {
-                carrier.writer.write_all(&answer.encode()).await?;
+                carrier.writer.write_all(&msg).await?;
                 carrier.writer.flush().await?;
                 Ok(())
             })

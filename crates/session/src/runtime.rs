@@ -138,6 +138,8 @@ pub(crate) struct Shared {
     pub drain_tx: watch::Sender<bool>,
     /// The peer is draining: its reason.
     pub peer_drain_tx: watch::Sender<Option<String>>,
+    /// Client side: the server's instance name (see `SessionHandle::instance`).
+    pub instance: std::sync::OnceLock<String>,
     pub wake_writer: Notify,
     pub closed_tx: watch::Sender<Option<String>>,
     /// Set once the carrier writer has ended (the carrier is shut down).
@@ -176,6 +178,7 @@ impl Shared {
             peer_goodbye: std::sync::atomic::AtomicBool::new(false),
             drain_tx: watch::channel(false).0,
             peer_drain_tx: watch::channel(None).0,
+            instance: std::sync::OnceLock::new(),
             st: Mutex::new(State {
                 conn,
                 streams: HashMap::new(),

@@ -29,6 +29,9 @@ pub(crate) struct Negotiated {
     pub resume: bool,
     /// Both sides understand DRAIN.
     pub drain: bool,
+    /// A new resumable session's answer is followed by the server's
+    /// instance name.
+    pub instance: bool,
 }
 
 /// Runs the native hello (nothing in JMUX mode).
@@ -52,6 +55,7 @@ pub(crate) async fn hello_then(
             frame_limit: u16::MAX,
             resume: false,
             drain: false,
+            instance: false,
         });
     }
     let mut ours = Hello::ours(config.max_frame);
@@ -79,6 +83,7 @@ pub(crate) async fn hello_then(
             && n.features & handshake::FEATURE_PING != 0,
         drain: n.features & handshake::FEATURE_DRAIN != 0
             && n.features & handshake::FEATURE_PING != 0,
+        instance: n.features & handshake::FEATURE_INSTANCE != 0,
     })
 }
 

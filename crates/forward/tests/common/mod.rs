@@ -248,10 +248,12 @@ pub async fn raw_attach(
     carrier: &mut longhaul_carrier::Carrier,
     ask: longhaul_proto::resume::Attach,
 ) -> longhaul_proto::resume::Attached {
-    use longhaul_proto::handshake::{Hello, FEATURE_RESUME, HELLO_LEN};
+    use longhaul_proto::handshake::{Hello, FEATURE_INSTANCE, FEATURE_RESUME, HELLO_LEN};
     use longhaul_proto::resume::{Attached, ATTACHED_LEN};
     let mut hello = Hello::ours(u16::MAX);
     hello.features |= FEATURE_RESUME;
+    // The bare answer, without the instance name behind a new one.
+    hello.features &= !FEATURE_INSTANCE;
     carrier.writer.write_all(&hello.encode()).await.unwrap();
     carrier.writer.write_all(&ask.encode()).await.unwrap();
     carrier.writer.flush().await.unwrap();
@@ -272,6 +274,7 @@ pub async fn dial_raw(
         tls,
         congestion: None,
         bind: None,
+        instance: None,
     };
     let mut c = longhaul_carrier::dial(&url.parse().unwrap(), &opts)
         .await
