@@ -86,6 +86,8 @@ fn start_haproxy(dir: &Path, port: u16, config: &str) -> Option<Kill> {
 }
 
 struct Fleet {
+    /// "tls" or "ws" (TLS inside the WebSocket).
+    scheme: &'static str,
     dir: PathBuf,
     fp: String,
     echo: u16,
@@ -95,7 +97,7 @@ struct Fleet {
 }
 
 impl Fleet {
-    fn start(name: &str) -> Fleet {
+    fn start(name: &str, scheme: &'static str) -> Fleet {
         let dir = tmpdir(name);
         // One key for the whole fleet: clients pin one.
         let fp = keygen(&dir.join("server.key"));
@@ -110,7 +112,7 @@ impl Fleet {
                     &[
                         "server",
                         "--listen",
-                        &format!("tls://127.0.0.1:{port}"),
+                        &Fleet::url(scheme, *port),
                         "--key",
                         dir.join("server.key").to_str().unwrap(),
                         "--authorized-keys",
@@ -127,12 +129,20 @@ impl Fleet {
             })
             .collect();
         Fleet {
+            scheme,
             dir,
             fp,
             echo,
             lb: free_port(),
             servers,
             procs,
+        }
+    }
+
+    fn url(scheme: &str, port: u16) -> String {
+        match scheme {
+            "ws" => format!("ws://127.0.0.1:{port}/longhaul"),
+            _ => format!("tls://127.0.0.1:{port}"),
         }
     }
 
@@ -146,7 +156,7 @@ impl Fleet {
         let k = spawn_logged(
             &[
                 "client",
-                &format!("tls://127.0.0.1:{}{query}", self.lb),
+                &format!("{}{query}", Fleet::url(self.scheme, self.lb)),
                 "--key",
                 self.dir.join("c.key").to_str().unwrap(),
                 "--pin",
@@ -221,13 +231,15 @@ fn random(n: usize) -> Vec<u8> {
     v
 }
 
-#[test]
-fn resumes_and_lanes_find_their_server_through_haproxy() {
-    let mut fleet = Fleet::start("fleet-haproxy");
-    let Some(lb) = fleet.haproxy() else {
-        return;
-    };
-    let mut lb = Some(lb);
+/// Three clients with paced transfers while the balancer (started by
+/// `balancer`) dies and comes back twice: every resume must land on its
+/// own server, 0 bytes lost; then a striped client must get its four
+/// lanes on one server. Returns the clients and the running balancer.
+fn resumes_and_lanes_land_on_their_server(
+    fleet: &Fleet,
+    balancer: impl Fn() -> Option<Kill>,
+) -> Option<(Vec<(Kill, u16)>, Kill)> {
+    let mut lb = Some(balancer()?);
     // Three clients: round-robin puts their sessions on three servers.
     let clients: Vec<(Kill, u16)> = (0..3)
         .map(|i| {
@@ -253,7 +265,7 @@ fn resumes_and_lanes_find_their_server_through_haproxy() {
         std::thread::sleep(Duration::from_millis(700));
         drop(lb.take());
         std::thread::sleep(Duration::from_millis(200));
-        lb = fleet.haproxy();
+        lb = balancer();
         assert!(lb.is_some());
     }
     for (i, t) in transfers.into_iter().enumerate() {
@@ -263,8 +275,7 @@ fn resumes_and_lanes_find_their_server_through_haproxy() {
             fleet.log(&format!("c{i}"))
         );
     }
-    let servers = fleet.server_logs();
-    for (i, l) in servers.iter().enumerate() {
+    for (i, l) in fleet.server_logs().iter().enumerate() {
         assert!(l.contains("session started"), "s{}: no session\n{l}", i + 1);
         assert!(
             !l.contains("resume refused"),
@@ -277,14 +288,22 @@ fn resumes_and_lanes_find_their_server_through_haproxy() {
         assert!(log.contains("session resumed"), "c{i}:\n{log}");
         assert!(!log.contains("starting a new session"), "c{i}:\n{log}");
     }
-
     // A striped client gets all four lanes on the server of its session.
     let (_striped, port) = fleet.client("striped", "?stripes=4");
     wait_until(10, "four lanes", || {
         servers_with_lanes(&fleet.server_logs()) == vec![3]
     });
     assert!(paced_echo(port, 4 << 20, Duration::ZERO).join().unwrap());
+    Some((clients, lb.unwrap()))
+}
 
+#[test]
+fn resumes_and_lanes_find_their_server_through_haproxy() {
+    let mut fleet = Fleet::start("fleet-haproxy", "tls");
+    let Some((clients, _lb)) = resumes_and_lanes_land_on_their_server(&fleet, || fleet.haproxy())
+    else {
+        return;
+    };
     // One server dies: its clients get a fresh session on another within
     // 5 s (the health check takes it out of the balancer), and their
     // listeners stay open throughout.
@@ -297,11 +316,8 @@ fn resumes_and_lanes_find_their_server_through_haproxy() {
         .unwrap();
     fleet.procs[victim] = None;
     let t = Instant::now();
-    wait_until(15, "fresh sessions after the server died", || {
-        (0..3).all(|i| {
-            let log = fleet.log(&format!("c{i}"));
-            !log.contains("starting a new session") || log.contains("new session with")
-        }) && (0..3).any(|i| fleet.log(&format!("c{i}")).contains("new session with"))
+    wait_until(15, "a fresh session after the server died", || {
+        (0..3).any(|i| fleet.log(&format!("c{i}")).contains("new session with"))
     });
     assert!(
         t.elapsed() < Duration::from_secs(5),
@@ -311,7 +327,112 @@ fn resumes_and_lanes_find_their_server_through_haproxy() {
     for (_, port) in &clients {
         assert!(paced_echo(*port, 1 << 20, Duration::ZERO).join().unwrap());
     }
-    drop(lb);
+}
+
+#[test]
+fn resumes_and_lanes_find_their_server_through_nginx_stream() {
+    let fleet = Fleet::start("fleet-nginx-stream", "tls");
+    resumes_and_lanes_land_on_their_server(&fleet, || fleet.nginx(NginxMode::Stream));
+}
+
+#[test]
+fn resumes_and_lanes_find_their_server_through_nginx_websocket() {
+    let fleet = Fleet::start("fleet-nginx-ws", "ws");
+    resumes_and_lanes_land_on_their_server(&fleet, || fleet.nginx(NginxMode::Http));
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum NginxMode {
+    /// `stream` with `ssl_preread`: routes `tls://` on the server name.
+    Stream,
+    /// `http`: routes `ws://` on the Longhaul-Instance header.
+    Http,
+}
+
+fn nginx_binary() -> Option<PathBuf> {
+    ["/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// Where Debian's libnginx-mod-stream puts the stream module.
+const STREAM_MODULE: &str = "/usr/lib/nginx/modules/ngx_stream_module.so";
+
+/// The tested nginx configuration's routing part (README): an upstream
+/// per instance, with the others as backups (a resume for a dead server
+/// reaches a live one, is refused there, and the client starts afresh),
+/// and one for new sessions; a map from the instance to the upstream.
+fn nginx_upstreams(servers: &[(String, u16)], key: &str) -> String {
+    let mut c = String::new();
+    c += &format!("  map {key} $longhaul_pool {{\n");
+    for (name, _) in servers {
+        c += &format!("    {name} {name};\n");
+    }
+    c += "    default longhaul_fleet;\n  }\n  upstream longhaul_fleet {\n";
+    for (_, p) in servers {
+        c += &format!("    server 127.0.0.1:{p};\n");
+    }
+    c += "  }\n";
+    for (name, port) in servers {
+        c += &format!("  upstream {name} {{\n    server 127.0.0.1:{port};\n");
+        for (_, p) in servers.iter().filter(|(n, _)| n != name) {
+            c += &format!("    server 127.0.0.1:{p} backup;\n");
+        }
+        c += "  }\n";
+    }
+    c
+}
+
+impl Fleet {
+    fn nginx(&self, mode: NginxMode) -> Option<Kill> {
+        let Some(bin) =
+            nginx_binary().filter(|_| mode == NginxMode::Http || Path::new(STREAM_MODULE).exists())
+        else {
+            assert!(
+                std::env::var("CI").is_err(),
+                "nginx or its stream module is missing: run .ci/setup"
+            );
+            eprintln!("skipping: nginx (with libnginx-mod-stream) is not installed");
+            return None;
+        };
+        let d = self.dir.join("nginx");
+        std::fs::create_dir_all(&d).unwrap();
+        let port = self.lb;
+        let dd = d.display();
+        let body = match mode {
+            NginxMode::Stream => format!(
+                "stream {{\n{}  server {{\n    listen 127.0.0.1:{port};\n    ssl_preread on;\n    proxy_pass $longhaul_pool;\n  }}\n}}\n",
+                nginx_upstreams(&self.servers, "$ssl_preread_server_name")
+            ),
+            NginxMode::Http => format!(
+                "http {{\n  access_log off;\n  client_body_temp_path {dd}/body;\n  proxy_temp_path {dd}/proxy;\n  fastcgi_temp_path {dd}/fastcgi;\n  uwsgi_temp_path {dd}/uwsgi;\n  scgi_temp_path {dd}/scgi;\n{}  server {{\n    listen 127.0.0.1:{port};\n    location /longhaul {{\n      proxy_pass http://$longhaul_pool;\n      proxy_http_version 1.1;\n      proxy_set_header Upgrade $http_upgrade;\n      proxy_set_header Connection \"upgrade\";\n      proxy_buffering off;\n      proxy_read_timeout 1h;\n    }}\n  }}\n}}\n",
+                nginx_upstreams(&self.servers, "$http_longhaul_instance")
+            ),
+        };
+        let load = match mode {
+            NginxMode::Stream => format!("load_module {STREAM_MODULE};\n"),
+            NginxMode::Http => String::new(),
+        };
+        let conf = format!(
+            "{load}worker_processes 1;\ndaemon off;\n# One process: killing it leaves no worker behind.\nmaster_process off;\npid {dd}/nginx.pid;\nerror_log {dd}/error.log;\nevents {{ worker_connections 256; }}\n{body}"
+        );
+        std::fs::write(d.join("nginx.conf"), conf).unwrap();
+        let k = Kill(
+            Command::new(bin)
+                .arg("-p")
+                .arg(&d)
+                .arg("-c")
+                .arg(d.join("nginx.conf"))
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::fs::File::create(d.join("stderr.log")).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        wait_port(port);
+        Some(k)
+    }
 }
 
 /// How many lane joins each server logged, for the servers that logged any.
