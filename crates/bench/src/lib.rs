@@ -30,6 +30,7 @@ pub mod report;
 pub mod rr;
 pub mod send;
 pub mod server;
+pub mod sessions;
 pub mod stats;
 pub mod tput;
 pub mod udp;

@@ -91,7 +91,6 @@ impl TcpSide for OwnedWriteHalf {
 pub(crate) struct Filler<T> {
     inner: T,
     /// A duplicate of the socket's descriptor: direct sends, SO_MEMINFO.
-    raw: socket2::Socket,
     /// Free room in the send buffer as last read, less what was written
     /// since (with overhead). Re-read whenever it gets near the reserve.
     room: u64,
@@ -120,10 +119,8 @@ pub(crate) struct Filler<T> {
 
 impl<T: TcpSide> Filler<T> {
     pub(crate) fn new(inner: T, urgent: UrgentFlag, floor: Floor) -> io::Result<Filler<T>> {
-        let raw = socket2::SockRef::from(inner.tcp()).try_clone()?;
         Ok(Filler {
             inner,
-            raw,
             room: 0,
             reserve: RESERVE_MIN,
             blind: false,
@@ -146,9 +143,9 @@ impl<T: TcpSide> Filler<T> {
         if urgent == self.lowered_to.is_some() {
             return;
         }
-        let sock = socket2::SockRef::from(&self.raw);
+        let sock = socket2::SockRef::from(self.inner.tcp());
         if urgent {
-            if let Some(v) = notsent_lowat(&self.raw) {
+            if let Some(v) = notsent_lowat(&*sock) {
                 let boost = u32::try_from(self.reserve).unwrap_or(u32::MAX);
                 if set_notsent_lowat(&sock, v.saturating_add(boost)).is_ok() {
                     self.lowered_to = Some(v);
@@ -174,7 +171,7 @@ impl<T: TcpSide> Filler<T> {
             self.unsent
         };
         if self.room < self.reserve + want as u64 || unsent < want as u64 {
-            match send_space(&self.raw) {
+            match send_space(&*socket2::SockRef::from(self.inner.tcp())) {
                 Some(s) => {
                     self.room = u64::from(s.free());
                     // Never more than a quarter: a new socket's buffer starts
@@ -204,7 +201,8 @@ impl<T: TcpSide> Filler<T> {
         // While urgent bytes are written the mark is raised (above): keep
         // the one read before.
         if self.lowat_age == 0 && !urgent {
-            self.lowat = notsent_lowat(&self.raw).unwrap_or(u32::MAX);
+            self.lowat =
+                notsent_lowat(&*socket2::SockRef::from(self.inner.tcp())).unwrap_or(u32::MAX);
             self.lowat_age = LOWAT_REREAD;
         }
         self.lowat_age = self.lowat_age.saturating_sub(1);
@@ -217,7 +215,7 @@ impl<T: TcpSide> Filler<T> {
         // follows a delivery rate sampled every 500 ms, which reads low
         // just after a loss, and a fast path must not run dry until the
         // next sample (nor stop growing its window for want of data).
-        match tcp_path(&self.raw) {
+        match tcp_path(&socket2::SockRef::from(self.inner.tcp())) {
             Some(p) => {
                 let target = u64::from(self.lowat).max(p.cwnd_bytes / 2);
                 let notsent = u64::from(p.notsent);
@@ -271,8 +269,8 @@ impl<T: TcpSide> Filler<T> {
         for _ in 0..8 {
             let limit = self.limit(want);
             if limit > 0 {
-                let raw = &self.raw;
                 let tcp = self.inner.tcp();
+                let raw = &*socket2::SockRef::from(tcp);
                 // Through the runtime first, so that "would block" clears
                 // its cached readiness; then directly, as the runtime's
                 // "not writable" may only mean "above the wake-up mark".
@@ -302,7 +300,7 @@ impl<T: TcpSide> Filler<T> {
             // wanting room when it is not, which is what lets the kernel
             // grow the send buffer as ACKs come in (a sender that never
             // hits "would block" would otherwise keep its first, small one).
-            let _ = poll_writable(&self.raw);
+            let _ = poll_writable(&*socket2::SockRef::from(self.inner.tcp()));
             if self.poll_tick(cx).is_pending() {
                 return Poll::Pending;
             }
@@ -406,7 +404,7 @@ mod tests {
             }
         }
         assert!(sent > 0);
-        let space = send_space(&w.raw).unwrap();
+        let space = send_space(&*socket2::SockRef::from(w.inner.tcp())).unwrap();
         let reserve = RESERVE_MIN
             .max(u64::from(space.sndbuf) / 32)
             .min(u64::from(space.sndbuf) / 4);

@@ -99,7 +99,7 @@ pub struct Carrier {
     pub binding: Option<[u8; 32]>,
 }
 
-struct TcpUrgent(socket2::Socket);
+struct TcpUrgent(std::sync::Arc<socket2::Socket>);
 
 impl UrgentSend for TcpUrgent {
     fn try_send(&self, bufs: &[std::io::IoSlice<'_>]) -> io::Result<usize> {
@@ -110,7 +110,9 @@ impl UrgentSend for TcpUrgent {
 }
 
 struct TcpProbe {
-    sock: socket2::Socket,
+    /// A duplicate of the carrier's descriptor (shared with its urgent
+    /// sender on plain TCP): the probe may outlive the carrier's halves.
+    sock: std::sync::Arc<socket2::Socket>,
     lowat: std::sync::atomic::AtomicU32,
     /// Shared with the socket's writer ([`fill::Filler`]): a lane's lower
     /// floor also tells it to leave the unsent queue to the kernel.
@@ -171,7 +173,7 @@ pub(crate) fn filler_and_probe(
     set_notsent_lowat(&socket2::SockRef::from(&stream), CARRIER_NOTSENT_LOWAT)?;
     let floor = fill::Floor::new(NOTSENT_MIN.into());
     let probe = Box::new(TcpProbe {
-        sock: socket2::SockRef::from(&stream).try_clone()?,
+        sock: std::sync::Arc::new(socket2::SockRef::from(&stream).try_clone()?),
         lowat: CARRIER_NOTSENT_LOWAT.into(),
         floor: floor.clone(),
     });
@@ -227,10 +229,11 @@ impl Carrier {
         tune_carrier_socket(&stream)?;
         set_notsent_lowat(&socket2::SockRef::from(&stream), CARRIER_NOTSENT_LOWAT)?;
         let peer = stream.peer_addr()?.to_string();
-        // A duplicate descriptor lets the RTT probe outlive the split halves
-        // safely: it refers to the same socket, never to a reused number.
-        let sock = socket2::SockRef::from(&stream).try_clone()?;
-        let urgent = socket2::SockRef::from(&stream).try_clone()?;
+        // A duplicate descriptor lets the RTT probe and the urgent sender
+        // outlive the split halves safely: it refers to the same socket,
+        // never to a reused number. One for both.
+        let sock = std::sync::Arc::new(socket2::SockRef::from(&stream).try_clone()?);
+        let urgent = sock.clone();
         let (r, w) = stream.into_split();
         let flag = UrgentFlag::default();
         let floor = fill::Floor::new(NOTSENT_MIN.into());

@@ -248,59 +248,13 @@ impl SessionCache {
         }
         let v = PinVerifier::new(Some(fp));
         let mut cfg = Arc::unwrap_or_clone(client_config(id, v.clone())?);
-        cfg.resumption = rustls::client::Resumption::store(Arc::new(OneName(Arc::new(
-            rustls::client::ClientSessionMemoryCache::new(4 * TICKETS),
-        ))));
+        // Tickets are kept per server name, as a server takes one only
+        // under the name it was issued for: a session's later carriers,
+        // which name its server's instance, resume one another's.
+        cfg.resumption = rustls::client::Resumption::in_memory_sessions(4 * TICKETS);
         let cfg = Arc::new(cfg);
         *cached = Some((fp, cfg.clone(), v.clone()));
         Ok((cfg, v))
-    }
-}
-
-/// A session store that files every server name under one: a client's
-/// carriers all go to one server (or one fleet, whose members name
-/// themselves differently), so a lane that names the session's instance
-/// still resumes the TLS session of the carrier before it. (A ticket
-/// shown to another member of a fleet is refused there: a full handshake.)
-#[derive(Debug)]
-struct OneName(Arc<dyn rustls::client::ClientSessionStore>);
-
-fn one_name() -> ServerName<'static> {
-    ServerName::try_from(DEFAULT_NAME).expect("static name is valid")
-}
-
-impl rustls::client::ClientSessionStore for OneName {
-    fn set_kx_hint(&self, _: ServerName<'static>, group: rustls::NamedGroup) {
-        self.0.set_kx_hint(one_name(), group)
-    }
-    fn kx_hint(&self, _: &ServerName<'_>) -> Option<rustls::NamedGroup> {
-        self.0.kx_hint(&one_name())
-    }
-    fn set_tls12_session(
-        &self,
-        _: ServerName<'static>,
-        value: rustls::client::Tls12ClientSessionValue,
-    ) {
-        self.0.set_tls12_session(one_name(), value)
-    }
-    fn tls12_session(&self, _: &ServerName<'_>) -> Option<rustls::client::Tls12ClientSessionValue> {
-        self.0.tls12_session(&one_name())
-    }
-    fn remove_tls12_session(&self, _: &ServerName<'static>) {
-        self.0.remove_tls12_session(&one_name())
-    }
-    fn insert_tls13_ticket(
-        &self,
-        _: ServerName<'static>,
-        value: rustls::client::Tls13ClientSessionValue,
-    ) {
-        self.0.insert_tls13_ticket(one_name(), value)
-    }
-    fn take_tls13_ticket(
-        &self,
-        _: &ServerName<'static>,
-    ) -> Option<rustls::client::Tls13ClientSessionValue> {
-        self.0.take_tls13_ticket(&one_name())
     }
 }
 

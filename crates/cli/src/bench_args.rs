@@ -30,6 +30,35 @@ pub enum BenchCmd {
     /// trip (the bench server sends each datagram back): loss,
     /// duplicates, reordering, round-trip p50/p99 and jitter.
     Udp(UdpArgs),
+    /// Many sessions at one longhaul server from this process, each with
+    /// one stream held open: how fast they come up (handshakes per second).
+    Sessions(SessionsArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct SessionsArgs {
+    /// The longhaul server, as for 'client'.
+    #[arg(value_parser = crate::args::parse_server_url)]
+    pub server: crate::args::ServerUrl,
+    /// Sessions to start.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    pub count: usize,
+    /// Sessions being set up at once.
+    #[arg(short = 'c', long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Where each session's stream goes (HOST:PORT, allowed at the server).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub to: String,
+    /// Seconds the sessions are held once all are up.
+    #[arg(long, default_value_t = 0.0)]
+    pub hold: f64,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: crate::args::ConnectArgs,
+    #[command(flatten)]
+    pub session: crate::args::SessionArgs,
 }
 
 #[derive(Args, Debug)]

@@ -199,6 +199,27 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 }
                 Ok(())
             }
+            BenchCmd::Sessions(o) => {
+                let cfg = connect::client_config(&o.server, &o.conn, &o.session, false)?;
+                let (r, held) =
+                    longhaul_bench::sessions::run(longhaul_bench::sessions::SessionsOptions {
+                        client: cfg,
+                        count: o.count,
+                        concurrency: o.concurrency,
+                        dest: format!("tcp://{}", o.to),
+                    })
+                    .await;
+                if o.json {
+                    println!("{}", serde_json::to_string_pretty(&r)?);
+                } else {
+                    print!("{}", r.human());
+                }
+                use std::io::Write;
+                let _ = std::io::stdout().flush();
+                held.hold(std::time::Duration::from_secs_f64(o.hold.max(0.0)))
+                    .await;
+                Ok(())
+            }
             BenchCmd::Goodput(o) => {
                 let r = longhaul_bench::goodput::run(longhaul_bench::goodput::GoodputOptions {
                     addr: o.addr.clone(),

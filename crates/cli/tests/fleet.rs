@@ -39,6 +39,8 @@ defaults
   timeout connect 2s
   timeout client 1h
   timeout server 1h
+  retries 2
+  option redispatch
 frontend longhaul
   bind 127.0.0.1:{port}
   tcp-request inspect-delay 5s
@@ -52,7 +54,7 @@ backend fleet
         c += &format!("  use-server {name} if {{ req.ssl_sni -i {name} }}\n");
     }
     for (name, p) in servers {
-        c += &format!("  server {name} 127.0.0.1:{p} check inter 300ms fall 1 rise 1\n");
+        c += &format!("  server {name} 127.0.0.1:{p} check inter 1s fall 2 rise 2\n");
     }
     c
 }
@@ -294,6 +296,14 @@ fn resumes_and_lanes_land_on_their_server(
         servers_with_lanes(&fleet.server_logs()) == vec![3]
     });
     assert!(paced_echo(port, 4 << 20, Duration::ZERO).join().unwrap());
+    // No lane went to a server that refused it (and was dialled again).
+    for (i, l) in fleet.server_logs().iter().enumerate() {
+        assert!(
+            !l.contains("resume refused"),
+            "s{}: a misrouted lane\n{l}",
+            i + 1
+        );
+    }
     Some((clients, lb.unwrap()))
 }
 
@@ -441,4 +451,69 @@ fn servers_with_lanes(logs: &[String]) -> Vec<usize> {
         .map(|l| l.matches("carrier added as a lane").count())
         .filter(|&n| n > 0)
         .collect()
+}
+
+#[test]
+fn a_rolling_restart_through_haproxy_cuts_no_stream() {
+    let mut fleet = Fleet::start("fleet-rolling", "tls");
+    let Some(_lb) = fleet.haproxy() else {
+        return;
+    };
+    let clients: Vec<(Kill, u16)> = (0..3).map(|i| fleet.client(&format!("c{i}"), "")).collect();
+    // Streams that last about 4 s, open before the first server stops.
+    let long: Vec<_> = clients
+        .iter()
+        .map(|(_, port)| paced_echo(*port, 2 << 20, Duration::from_millis(125)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    for i in 0..3 {
+        let (name, port) = fleet.servers[i].clone();
+        let t = Instant::now();
+        let p = fleet.procs[i].as_mut().unwrap();
+        let ok = Command::new("kill")
+            .args(["-TERM", &p.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        wait_until(20, "the server's exit after its drain", || {
+            p.0.try_wait().unwrap().is_some()
+        });
+        let drained = t.elapsed();
+        assert!(
+            drained < Duration::from_secs(15),
+            "{name} drained for {drained:?}"
+        );
+        fleet.procs[i] = Some(spawn_logged(
+            &[
+                "server",
+                "--listen",
+                &Fleet::url("tls", port),
+                "--key",
+                fleet.dir.join("server.key").to_str().unwrap(),
+                "--authorized-keys",
+                fleet.dir.join("ak").to_str().unwrap(),
+                "--allow",
+                &format!("127.0.0.1:{}", fleet.echo),
+                "--instance",
+                &name,
+            ],
+            &fleet.dir.join(format!("{name}-again.log")),
+        ));
+        wait_port(port);
+        // New connections work throughout (through new sessions).
+        for (_, port) in &clients {
+            assert!(paced_echo(*port, 64 << 10, Duration::ZERO).join().unwrap());
+        }
+    }
+    for (i, t) in long.into_iter().enumerate() {
+        assert!(
+            t.join().unwrap(),
+            "client {i}: a stream open before the restart was cut\n{}",
+            fleet.log(&format!("c{i}"))
+        );
+    }
+    let drained = (0..3)
+        .filter(|i| fleet.log(&format!("c{i}")).contains("is draining"))
+        .count();
+    assert!(drained >= 2, "the clients were not told to move");
 }

@@ -6,11 +6,11 @@
 //! session: CLOSE for every stream left, the carrier ended within
 //! [`SHUTDOWN_GRACE`].
 
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use longhaul_session::SessionHandle;
-use tokio::sync::watch;
+use crate::sessions::Live;
 
 /// How long an ending session's CLOSEs and GOODBYE may take to be written.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -22,56 +22,72 @@ const DRAIN_SETTLE: Duration = Duration::from_secs(1);
 /// How often a draining session's streams are counted.
 const DRAIN_POLL: Duration = Duration::from_millis(100);
 
-/// Drains `sessions` for at most `timeout` (or until `hurry`), then ends
-/// them all.
-pub(crate) async fn stop_sessions(
-    sessions: Vec<SessionHandle>,
-    timeout: Duration,
-    hurry: impl Future<Output = ()>,
-) {
-    let (now_tx, now) = watch::channel(timeout.is_zero());
-    if !timeout.is_zero() && !sessions.is_empty() {
-        let busy = sessions.iter().filter(|h| h.stats().streams > 0).count();
+/// Why the server tells its clients to move.
+const DRAIN_REASON: &str = "the server is draining (stopping or restarting)";
+
+/// Drains the sessions in `live` for at most `timeout` (or until `hurry`),
+/// then ends them all. Sessions that finish their handshake meanwhile
+/// (accepted just before the listeners closed) are drained as they come.
+pub(crate) async fn stop_sessions(live: Live, timeout: Duration, hurry: impl Future<Output = ()>) {
+    let first = live.handles();
+    let mut ending = tokio::task::JoinSet::new();
+    let mut ended: HashSet<u64> = HashSet::new();
+    if timeout.is_zero() || first.is_empty() {
+        tracing::info!("shutting down: closing {} session(s)", first.len());
+    } else {
+        let busy = first.iter().filter(|(_, h)| h.has_streams()).count();
         tracing::info!(
             "draining {} session(s), {busy} with open streams, for up to {timeout:?}: \
              clients open their next streams elsewhere (a second stop signal ends them now)",
-            sessions.len()
+            first.len()
         );
-        for h in &sessions {
-            h.drain("the server is draining (stopping or restarting)");
-        }
-    } else {
-        tracing::info!("shutting down: closing {} session(s)", sessions.len());
-    }
-    let mut ending = tokio::task::JoinSet::new();
-    for h in sessions {
-        let mut now = now.clone();
-        ending.spawn(async move {
-            tokio::select! {
-                _ = until_idle(&h) => {}
-                _ = now.wait_for(|n| *n) => {}
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut told: HashMap<u64, Instant> = HashMap::new();
+        tokio::pin!(hurry);
+        loop {
+            let now = Instant::now();
+            let sessions = live.handles();
+            if sessions.is_empty() {
+                break;
             }
-            h.shutdown("server shutting down", SHUTDOWN_GRACE).await
-        });
-    }
-    let all = async { while ending.join_next().await.is_some() {} };
-    tokio::pin!(all);
-    tokio::select! {
-        _ = &mut all => return,
-        _ = tokio::time::sleep(timeout) => {
-            tracing::info!("drain timeout: closing the sessions left");
+            for (id, h) in sessions {
+                if ended.contains(&id) {
+                    continue;
+                }
+                let since = *told.entry(id).or_insert_with(|| {
+                    h.drain(DRAIN_REASON);
+                    now
+                });
+                if h.is_closed() {
+                    ended.insert(id);
+                } else if h.is_detached() {
+                    // Its listener is closed: it cannot be resumed here.
+                    ended.insert(id);
+                    h.close("server stopped while the session had no carrier");
+                } else if now.duration_since(since) >= DRAIN_SETTLE && !h.has_streams() {
+                    ended.insert(id);
+                    ending.spawn(async move {
+                        h.shutdown("server shutting down", SHUTDOWN_GRACE).await
+                    });
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(DRAIN_POLL) => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::info!("drain timeout: closing the sessions left");
+                    break;
+                }
+                _ = &mut hurry => {
+                    tracing::info!("second stop signal: closing the sessions left");
+                    break;
+                }
+            }
         }
-        _ = hurry => tracing::info!("second stop signal: closing the sessions left"),
     }
-    now_tx.send_replace(true);
-    all.await;
-}
-
-/// Resolves once `h` has had no stream for a moment after the DRAIN (or
-/// has ended).
-async fn until_idle(h: &SessionHandle) {
-    tokio::time::sleep(DRAIN_SETTLE).await;
-    while !h.is_closed() && h.stats().streams > 0 {
-        tokio::time::sleep(DRAIN_POLL).await;
+    for (id, h) in live.handles() {
+        if ended.insert(id) {
+            ending.spawn(async move { h.shutdown("server shutting down", SHUTDOWN_GRACE).await });
+        }
     }
+    while ending.join_next().await.is_some() {}
 }

@@ -199,7 +199,9 @@ pub(crate) async fn supervise(
             _ = stop.wait_for(|s| *s) => (false, None),
         };
         if *stop.borrow() {
-            // `Client::stop` closed the session: not a loss to repair.
+            // `Client::stop` closed the session (and this one, should it
+            // have replaced that one meanwhile): not a loss to repair.
+            session.close("client stopped");
             ended.send_replace(Some("client stopped".into()));
             return;
         }
@@ -210,11 +212,38 @@ pub(crate) async fn supervise(
             // there is one; until then, and for the streams open now, the
             // old one serves.
             let why = longhaul_session::logs::escaped(&why);
+            let idle = !session.has_streams() && config.remote.is_empty();
             tracing::info!(
                 streams = session.stats().streams,
-                "{url} is draining ({why}): starting a new session for new connections; the open ones stay on the old session"
+                "{url} is draining ({why}): {}",
+                if idle {
+                    "a new session starts with the next connection"
+                } else {
+                    "starting a new session for new connections; the open ones stay on the old session"
+                }
             );
             tokio::spawn(retire(session.clone(), stop.clone()));
+            // Not all clients of a server at the same instant, and not in
+            // a loop with a server that drains every session it starts.
+            let settle = DRAIN_MIN_AGE.saturating_sub(session.stats().age)
+                + DRAIN_JITTER.mul_f64(rand::thread_rng().gen_range(0.0..1.0));
+            tokio::select! {
+                _ = tokio::time::sleep(settle) => {}
+                _ = stop.wait_for(|s| *s) => {
+                    ended.send_replace(Some("client stopped".into()));
+                    return;
+                }
+            }
+            if idle {
+                // Nothing needs a session until a local connection comes.
+                tokio::select! {
+                    _ = demand.notified() => {}
+                    _ = stop.wait_for(|s| *s) => {
+                        ended.send_replace(Some("client stopped".into()));
+                        return;
+                    }
+                }
+            }
         } else if detached {
             let lost = Instant::now();
             loop {
@@ -332,6 +361,15 @@ pub(crate) async fn supervise(
 /// meanwhile is not resumed (the server takes no new carriers while it
 /// drains): its streams are reset, never left hanging.
 async fn retire(session: SessionHandle, mut stop: watch::Receiver<bool>) {
+    let unused = async {
+        loop {
+            tokio::time::sleep(RETIRE_POLL).await;
+            if !session.has_streams() {
+                return;
+            }
+        }
+    };
+    let stopped = async { stop.wait_for(|s| *s).await.is_ok() };
     tokio::select! {
         lost = session.detached() => if lost {
             tracing::warn!(
@@ -340,9 +378,23 @@ async fn retire(session: SessionHandle, mut stop: watch::Receiver<bool>) {
             );
             session.close("carrier lost while the server was draining");
         },
-        _ = stop.wait_for(|s| *s) => session.close("client stopped"),
+        // Its last stream ended: the server need not wait for it.
+        _ = unused => session.shutdown("its server is draining", RETIRE_GRACE).await,
+        _ = stopped => session.close("client stopped"),
     }
 }
+
+/// How often a retired session is checked for streams left.
+const RETIRE_POLL: Duration = Duration::from_millis(500);
+/// How long a retired session's goodbye may take to be written.
+const RETIRE_GRACE: Duration = Duration::from_secs(3);
+/// A session drained younger than this is replaced only once it is this
+/// old: a server that drains every session it starts gets a new one
+/// every 2 s, not in a loop.
+const DRAIN_MIN_AGE: Duration = Duration::from_secs(2);
+/// Up to this much more, at random, before a drained session is replaced:
+/// the clients of one server do not all dial the others at once.
+const DRAIN_JITTER: Duration = Duration::from_millis(500);
 
 /// Asks a fresh session for the reverse forwards again, on the ports the
 /// first session got.

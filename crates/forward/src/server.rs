@@ -189,8 +189,7 @@ impl Server {
         }
         // Listeners close with their tasks: nothing new gets in.
         tasks.shutdown().await;
-        let sessions = live.drain();
-        crate::drain::stop_sessions(sessions, serving.config.drain_timeout, hurry).await;
+        crate::drain::stop_sessions(live, serving.config.drain_timeout, hurry).await;
     }
 
     /// Serves one session on this process's stdin/stdout (`--stdio`). The

@@ -174,6 +174,14 @@ impl Acceptor for ServerAcceptor {
         let metrics = self.metrics.clone();
         let refusals = self.refusals.clone();
         Box::pin(async move {
+            if session.is_draining() {
+                // Its listener would close at once: the client binds again
+                // on its next session, on another server.
+                return Err(OpenRefused::new(
+                    Reason::GENERAL_FAILURE,
+                    "the server is draining: bind on a new session",
+                ));
+            }
             let addr: SocketAddr = match bind.parse() {
                 Ok(a) => a,
                 Err(_) => {

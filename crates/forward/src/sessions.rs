@@ -42,9 +42,10 @@ impl Live {
             .remove(&id);
     }
 
-    pub(crate) fn drain(&self) -> Vec<SessionHandle> {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        g.1.drain().map(|(_, (h, _))| h).collect()
+    /// The sessions running now, by id (ended ones leave the table).
+    pub(crate) fn handles(&self) -> Vec<(u64, SessionHandle)> {
+        let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.1.iter().map(|(id, (h, _))| (*id, h.clone())).collect()
     }
 }
 

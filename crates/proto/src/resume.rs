@@ -383,18 +383,23 @@ pub mod instance {
     pub const MAX_LEN: usize = 63;
 
     /// Whether `name` can be one: 1 to 63 ASCII letters, digits, `-` and
-    /// `.`, starting and ending with a letter or digit, with a letter
-    /// somewhere (a TLS server name may not be an IP address).
+    /// `.`, each dot-separated part starting and ending with a letter or
+    /// digit, and the last one starting with a letter (so that it is a
+    /// TLS server name: never an IP address, nor a number rustls refuses).
     pub fn valid(name: &str) -> bool {
-        let b = name.as_bytes();
-        !b.is_empty()
-            && b.len() <= MAX_LEN
-            && b.iter()
-                .all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'.')
-            && b[0].is_ascii_alphanumeric()
-            && b[b.len() - 1].is_ascii_alphanumeric()
-            && !name.contains("..")
-            && b.iter().any(|c| c.is_ascii_alphabetic())
+        let label_ok = |l: &str| {
+            let b = l.as_bytes();
+            !b.is_empty()
+                && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-')
+                && b[0].is_ascii_alphanumeric()
+                && b[b.len() - 1].is_ascii_alphanumeric()
+        };
+        name.len() <= MAX_LEN
+            && name.split('.').all(label_ok)
+            && name
+                .rsplit('.')
+                .next()
+                .is_some_and(|l| l.as_bytes()[0].is_ascii_alphabetic())
     }
 
     /// The trailer after a new session's ATTACHED: length, then the name
@@ -424,7 +429,10 @@ pub mod instance {
                 assert!(valid(ok), "{ok}");
             }
             let long = "a".repeat(64);
-            for bad in ["", "10.0.0.1", "-a", "a-", "a..b", "a_b", "é", " a", &long] {
+            for bad in [
+                "", "10.0.0.1", "-a", "a-", "a..b", "a_b", "é", " a", &long, "edge.1", "0xab",
+                "a.-b", "a.",
+            ] {
                 assert!(!valid(bad), "{bad}");
             }
             assert_eq!(encode(Some("s1")), b"\x02s1");

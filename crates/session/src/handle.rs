@@ -320,14 +320,36 @@ impl SessionHandle {
     /// new session; the open streams go on, and OPENs are still served.
     /// Whoever runs the session decides when to end it
     /// ([`SessionHandle::shutdown`]).
-    pub fn drain(&self, why: &str) {
-        self.shared.drain_tx.send_replace(true);
-        self.shared.with(|m, _| m.drain(why));
-        self.shared.wake_writer.notify_one();
+    ///
+    /// Returns whether the peer was told. Only then does
+    /// [`SessionHandle::drain_started`] resolve: a peer that cannot hear it
+    /// would not bind its reverse forwards again elsewhere, so they stay.
+    pub fn drain(&self, why: &str) -> bool {
+        let told = self.shared.with(|m, _| {
+            m.drain(why);
+            m.drain_negotiated()
+        });
+        if told {
+            self.shared.drain_tx.send_replace(true);
+            self.shared.wake_writer.notify_one();
+        }
+        told
     }
 
-    /// Resolves once this side starts draining (never otherwise): what
-    /// serves the peer's reverse forwards stops taking connections then.
+    /// Whether this side told the peer it is draining.
+    pub fn is_draining(&self) -> bool {
+        *self.shared.drain_tx.borrow()
+    }
+
+    /// Whether streams are open or being opened (an OPEN from the peer
+    /// still connecting to its target counts).
+    pub fn has_streams(&self) -> bool {
+        self.shared.with(|m, _| m.has_streams())
+    }
+
+    /// Resolves once this side has told the peer it is draining (never
+    /// otherwise): what serves the peer's reverse forwards stops taking
+    /// connections then.
     pub async fn drain_started(&self) {
         let mut rx = self.shared.drain_tx.subscribe();
         if rx.wait_for(|d| *d).await.is_err() {

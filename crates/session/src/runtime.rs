@@ -373,7 +373,7 @@ impl Shared {
                 tracing::info!(
                     peer = %self.peer,
                     reason = %crate::logs::escaped(&reason),
-                    "the peer is draining: new streams go through a new session, the open ones go on"
+                    "the peer is draining: it ends this session once its streams are done"
                 );
                 self.peer_drain_tx.send_replace(Some(reason));
             }

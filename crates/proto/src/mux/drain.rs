@@ -46,6 +46,19 @@ impl Mux {
         self.send_control(Frame::Drain { reason });
     }
 
+    /// Whether streams are open or being opened (an OPEN of the peer's
+    /// still connecting to its target counts): a draining side waits for
+    /// none to be left.
+    pub fn has_streams(&self) -> bool {
+        !self.streams.is_empty() || self.connecting > 0 || !self.draining.is_empty()
+    }
+
+    /// Whether a DRAIN may be sent on this session (see
+    /// [`Mux::set_drain_negotiated`]).
+    pub fn drain_negotiated(&self) -> bool {
+        self.drain_negotiated
+    }
+
     /// The peer said it is draining: its reason.
     pub fn peer_drain(&self) -> Option<&str> {
         self.peer_drain.as_deref()
