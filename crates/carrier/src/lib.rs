@@ -57,7 +57,16 @@ pub type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
 /// session's housekeeping tick.
 pub trait PathProbe: Send + Sync {
     fn rtt(&self) -> Option<Duration>;
-    fn retune(&self) {}
+    fn retune(&self) {
+        if let Some(p) = self.path() {
+            self.retune_with(&p);
+        }
+    }
+    /// [`PathProbe::retune`] with a sample just taken (one TCP_INFO read
+    /// serves both).
+    fn retune_with(&self, path: &TcpPath) {
+        let _ = path;
+    }
     /// Lets the send queue shrink to `bytes` on a slow path (a lane of a
     /// striped session), and applies it at once.
     fn set_floor(&self, bytes: u32) {
@@ -136,11 +145,8 @@ impl PathProbe for TcpProbe {
         }
     }
 
-    fn retune(&self) {
+    fn retune_with(&self, p: &TcpPath) {
         use std::sync::atomic::Ordering;
-        let Some(p) = tcp_path(&self.sock) else {
-            return;
-        };
         if p.delivery_rate == 0 {
             return;
         }

@@ -265,9 +265,12 @@ impl SessionArgs {
             replay_limit: self.replay_buffer as usize,
             resume_timeout: self.resume_timeout,
             dead_after: self.dead_after.max(std::time::Duration::from_secs(1)),
+            // Every third of it, so that two PINGs may be lost; at most
+            // 30 s (a long --dead-after is how many idle sessions are
+            // kept cheap).
             keepalive: (self.dead_after / 3).clamp(
                 std::time::Duration::from_millis(300),
-                std::time::Duration::from_secs(5),
+                std::time::Duration::from_secs(30),
             ),
             ..SessionConfig::default()
         }

@@ -11,6 +11,10 @@ use crate::runtime::Shared;
 /// How often the path is sampled (RTT for window growth, the kernel's send
 /// queue resized to the delivery rate).
 const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// How often while nothing moves: an idle session's path needs no samples,
+/// and thousands of idle sessions must not cost a core (each sample is a
+/// TCP_INFO read per carrier, each tick a wake-up).
+const IDLE_PROBE_EVERY: Duration = Duration::from_secs(5);
 /// How often a striped session looks for a stalled lane and owes an ACK.
 const STRIPE_TICK: Duration = Duration::from_millis(50);
 /// How often the lanes' counters are logged (`-v`).
@@ -23,27 +27,52 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
     let mut next_log = LANE_LOG_EVERY.as_nanos() as u64;
     // The slowest lane's RTT, for the stall timeout.
     let mut slowest = Duration::ZERO;
+    // Bytes moved both ways at the last sample (None: never sampled).
+    let mut moved_at_sample: Option<u64> = None;
     loop {
         let now = shared.now_ns();
-        if now >= next_probe {
+        let moved = shared.with(|m, _| {
+            let s = m.stats();
+            s.bytes_sent + s.bytes_received
+        });
+        // (A striped session's lanes are sampled on every probe: its timer
+        // ticks for them anyway.)
+        if now >= next_probe && moved_at_sample == Some(moved) && !shared.striped {
+            // Idle since the last sample: nothing to learn until the writer
+            // says it writes again.
+            next_probe = now + IDLE_PROBE_EVERY.as_nanos() as u64;
+            shared
+                .quiet
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        } else if now >= next_probe {
             next_probe = now + PROBE_EVERY.as_nanos() as u64;
+            moved_at_sample = Some(moved);
             // The probes of the carrier (or lanes) attached now, if any.
             let probes = match shared.striped {
                 true => shared.lane_probes(),
                 false => shared.slot().probe.clone().into_iter().collect(),
             };
-            let rtts: Vec<Duration> = probes.iter().filter_map(|p| p.rtt()).collect();
+            // One TCP_INFO read per carrier serves the RTT, the tuning and
+            // the delivery rate.
+            let sampled: Vec<_> = probes.iter().map(|p| (p, p.path())).collect();
+            let rtts: Vec<Duration> = sampled
+                .iter()
+                .filter_map(|(p, path)| path.as_ref().map_or_else(|| p.rtt(), |x| x.rtt))
+                .collect();
             if let Some(r) = rtts.iter().max() {
                 shared.with(|m, _| m.set_path_rtt(*r));
                 slowest = *r;
             }
-            for p in &probes {
-                p.retune();
+            for (p, path) in &sampled {
+                match path {
+                    Some(x) => p.retune_with(x),
+                    None => p.retune(),
+                }
             }
             // The delivery rate means something only while the sender has
             // a backlog (otherwise it is the application's rate).
             // A carrier without a probe (a folder, stdio) resets it.
-            let paths: Vec<_> = probes.iter().filter_map(|p| p.path()).collect();
+            let paths: Vec<_> = sampled.into_iter().filter_map(|(_, p)| p).collect();
             if paths.is_empty() {
                 shared.with(|m, _| m.set_path_rate(0));
             } else if paths.iter().any(|p| p.notsent > 0) {
@@ -94,7 +123,13 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
         let wait = Duration::from_nanos(wake.saturating_sub(shared.now_ns()));
         // Timers never fire early; a millisecond more keeps a deadline that
         // falls just after `now` from spinning.
-        tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
+        tokio::select! {
+            _ = tokio::time::sleep(wait.max(Duration::from_millis(1))) => {}
+            _ = shared.timer_woken.notified() => {
+                // Quiet no longer: sample at once, then as usual.
+                next_probe = 0;
+            }
+        }
     }
 }
 

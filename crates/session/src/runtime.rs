@@ -141,6 +141,11 @@ pub(crate) struct Shared {
     /// Client side: the server's instance name (see `SessionHandle::instance`).
     pub instance: std::sync::OnceLock<String>,
     pub wake_writer: Notify,
+    /// Set by the timer when the session went quiet (it then samples the
+    /// path rarely); the writer clears it and wakes the timer
+    /// (`timer_woken`) as soon as it writes again.
+    pub quiet: std::sync::atomic::AtomicBool,
+    pub timer_woken: Notify,
     pub closed_tx: watch::Sender<Option<String>>,
     /// Set once the carrier writer has ended (the carrier is shut down).
     pub finished_tx: watch::Sender<bool>,
@@ -191,6 +196,8 @@ impl Shared {
                 unattached: HashMap::new(),
             }),
             wake_writer: Notify::new(),
+            quiet: std::sync::atomic::AtomicBool::new(false),
+            timer_woken: Notify::new(),
             closed_tx: watch::channel(None).0,
             finished_tx: watch::channel(false).0,
             config,

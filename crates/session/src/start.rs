@@ -138,6 +138,8 @@ pub(crate) fn build(
     });
     let mut mux = mux;
     mux.set_drain_negotiated(n.drain);
+    // Clients ping; a server answers, and pings only a client that stops.
+    mux.set_answer_only(role == Role::Server);
     let limits = decode_limits(&config, n);
     let peer = carrier.peer.clone();
     let mut link = link;

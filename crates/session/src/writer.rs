@@ -167,6 +167,10 @@ async fn write_loop(
             continue;
         }
         dirty = true;
+        if shared.quiet.load(Ordering::Relaxed) && shared.quiet.swap(false, Ordering::Relaxed) {
+            // The session moves again: its path is worth sampling now.
+            shared.timer_woken.notify_one();
+        }
         let wrote = write_batch(shared, w, urgent, batch).await;
         if let Some(f) = &urgent.flag {
             f.store(false, Ordering::Relaxed);

@@ -245,6 +245,10 @@ pub struct Mux {
     goodbye: Option<String>,
     /// We told the peer we are draining (once).
     drain_sent: bool,
+    /// Ping only when the peer does not (see [`Mux::set_answer_only`]).
+    answer_only: bool,
+    /// When the peer's last PING came.
+    peer_pinged: Option<u64>,
     /// The peer can hear a DRAIN (see [`Mux::set_drain_negotiated`]).
     drain_negotiated: bool,
     /// The peer is draining: why (see [`Mux::drain`]).
@@ -292,6 +296,8 @@ impl Mux {
             dead: None,
             goodbye: None,
             drain_sent: false,
+            answer_only: false,
+            peer_pinged: None,
             drain_negotiated: false,
             peer_drain: None,
             bytes_sent: 0,

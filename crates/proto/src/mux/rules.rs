@@ -238,7 +238,10 @@ impl Mux {
                 }
                 self.remove(recipient);
             }
-            Frame::Ping { nonce } => self.send_control(Frame::Pong { nonce }),
+            Frame::Ping { nonce } => {
+                self.peer_pinged = Some(now);
+                self.send_control(Frame::Pong { nonce })
+            }
             Frame::Pong { nonce } => {
                 // Only an answer to a PING we sent is a sample; a forged or
                 // repeated nonce would fake the RTT.

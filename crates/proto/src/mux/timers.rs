@@ -8,6 +8,12 @@ use super::{Event, Mux, Refused, MAX_BINDS, MAX_PINGS};
 use crate::frame::{Frame, Reason};
 
 impl Mux {
+    /// Keepalive by answering: PINGs of our own only while the peer sends
+    /// none (a server: its clients ping). Off by default.
+    pub fn set_answer_only(&mut self, yes: bool) {
+        self.answer_only = yes;
+    }
+
     // ---- time -------------------------------------------------------
 
     /// The peer was heard from (any bytes).
@@ -37,6 +43,19 @@ impl Mux {
         self.attached
     }
 
+    /// When our next keepalive PING is due. A side that only answers (a
+    /// server) pings only once its peer has stopped pinging for two
+    /// intervals: the peer's PINGs and our PONGs prove both directions
+    /// alive, at half the messages.
+    fn next_ping(&self) -> u64 {
+        let keepalive = self.cfg.keepalive.as_nanos() as u64;
+        let ours = self.last_ping.map_or(0, |p| p.saturating_add(keepalive));
+        match (self.answer_only, self.peer_pinged) {
+            (true, Some(p)) => ours.max(p.saturating_add(2 * keepalive)),
+            _ => ours,
+        }
+    }
+
     /// When [`Mux::handle_timeout`] should run next.
     pub fn poll_timeout(&self) -> Option<u64> {
         if self.dead.is_some() {
@@ -45,9 +64,7 @@ impl Mux {
         let mut next: Option<u64> = None;
         let mut at = |t: u64| next = Some(next.map_or(t, |n| n.min(t)));
         if self.cfg.extensions && self.attached && !self.silent_reported {
-            at(self
-                .last_ping
-                .map_or(0, |p| p + self.cfg.keepalive.as_nanos() as u64));
+            at(self.next_ping());
             at(self.last_rx + self.cfg.dead_after.as_nanos() as u64);
         }
         if let (Some(idle), true) = (self.cfg.idle_timeout, self.attached) {
@@ -93,10 +110,7 @@ impl Mux {
                     Duration::from_nanos(silent)
                 ));
             }
-            let due = !self.silent_reported
-                && self
-                    .last_ping
-                    .is_none_or(|p| now >= p + self.cfg.keepalive.as_nanos() as u64);
+            let due = !self.silent_reported && now >= self.next_ping();
             if due {
                 self.last_ping = Some(now);
                 if self.pings.len() >= MAX_PINGS {
