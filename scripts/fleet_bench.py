@@ -140,6 +140,8 @@ defaults
   timeout connect 2s
   timeout client 1h
   timeout server 1h
+  retries 2
+  option redispatch
 frontend longhaul
   bind 127.0.0.1:{port}
   tcp-request inspect-delay 5s
@@ -151,7 +153,7 @@ backend fleet
     for name, _ in servers:
         c += f"  use-server {name} if {{ req.ssl_sni -i {name} }}\n"
     for name, p in servers:
-        c += f"  server {name} 127.0.0.1:{p} check inter 1s\n"
+        c += f"  server {name} 127.0.0.1:{p} check inter 1s fall 2 rise 2\n"
     return c
 
 

@@ -90,7 +90,6 @@ impl TcpSide for OwnedWriteHalf {
 
 pub(crate) struct Filler<T> {
     inner: T,
-    /// A duplicate of the socket's descriptor: direct sends, SO_MEMINFO.
     /// Free room in the send buffer as last read, less what was written
     /// since (with overhead). Re-read whenever it gets near the reserve.
     room: u64,

@@ -52,7 +52,7 @@ pub(crate) async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
         Some("") => None,
         Some(n) if longhaul_proto::resume::instance::valid(n) => Some(n.to_owned()),
         Some(n) => anyhow::bail!(
-            "--instance {n:?}: use up to 63 letters, digits, '-' and '.' (each dot-separated part starting and ending with a letter or digit, the last starting with a letter: it is sent as a TLS server name), or \"\" for none"
+            "--instance {n:?}: use up to 63 letters, digits, '-' and '.' (each dot-separated part starting and ending with a letter or digit, the last not a number: it is sent as a TLS server name), or \"\" for none"
         ),
     };
     cfg.session.max_stripes = a.max_stripes;

@@ -254,6 +254,11 @@ fn server_on(url: &str, work: &Path, name: &str, target: u16, more: &[&str]) -> 
         TOKEN,
         "--allow",
         &allow,
+        // SIGTERM ends these servers at once: a client killed without a
+        // word leaves a session the server cannot see gone (the drain is
+        // tested in lifecycle.rs and fleet.rs).
+        "--drain-timeout",
+        "0",
     ];
     args.extend_from_slice(more);
     let k = spawn_logged(&args, &log);

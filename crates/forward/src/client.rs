@@ -39,6 +39,11 @@ enum Kind {
     Http,
 }
 
+/// A session new streams should not go on: closed, or its server draining.
+fn unusable(s: &SessionHandle) -> bool {
+    s.is_closed() || s.peer_drain().is_some()
+}
+
 async fn accept_loop(
     listener: TcpListener,
     kind: Kind,
@@ -60,10 +65,11 @@ async fn accept_loop(
             _ = ended.wait_for(|e| e.is_some()) => return,
         };
         // No session (the server closed an idle one, or one is being
-        // replaced): ask for a new one and wait for it, as long as an OPEN
-        // would wait.
+        // replaced), or one whose server is draining: ask for a new one
+        // and wait for it, as long as an OPEN would wait (then a draining
+        // session still serves).
         let deadline = tokio::time::Instant::now() + OPEN_WAIT;
-        while current.borrow_and_update().is_closed() {
+        while unusable(&current.borrow_and_update()) {
             demand.notify_one();
             match tokio::time::timeout_at(deadline, current.changed()).await {
                 Ok(Ok(())) => {}
@@ -202,6 +208,11 @@ impl Client {
                     // Ask for a new session; this datagram is lost.
                     demand.notify_one();
                     return None;
+                }
+                if s.peer_drain().is_some() {
+                    // Its server is draining: a new flow asks for a new
+                    // session, and goes on the old one meanwhile.
+                    demand.notify_one();
                 }
                 Some(s)
             };

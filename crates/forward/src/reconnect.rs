@@ -222,7 +222,7 @@ pub(crate) async fn supervise(
                     "starting a new session for new connections; the open ones stay on the old session"
                 }
             );
-            tokio::spawn(retire(session.clone(), stop.clone()));
+            tokio::spawn(retire(session.clone(), stop.clone(), current.subscribe()));
             // Not all clients of a server at the same instant, and not in
             // a loop with a server that drains every session it starts.
             let settle = DRAIN_MIN_AGE.saturating_sub(session.stats().age)
@@ -356,15 +356,22 @@ pub(crate) async fn supervise(
     }
 }
 
-/// A session whose server is draining, no longer the client's current
-/// one: it serves its open streams until the server ends it. A carrier lost
+/// A session whose server is draining: it serves its open streams until
+/// they end (then it is closed here, once a new session has replaced it)
+/// or until the server ends it. A carrier lost
 /// meanwhile is not resumed (the server takes no new carriers while it
 /// drains): its streams are reset, never left hanging.
-async fn retire(session: SessionHandle, mut stop: watch::Receiver<bool>) {
+async fn retire(
+    session: SessionHandle,
+    mut stop: watch::Receiver<bool>,
+    current: watch::Receiver<SessionHandle>,
+) {
+    // Unused: replaced as the client's session (no new stream can come to
+    // it), and its last stream ended.
     let unused = async {
         loop {
             tokio::time::sleep(RETIRE_POLL).await;
-            if !session.has_streams() {
+            if !current.borrow().is(&session) && !session.has_streams() {
                 return;
             }
         }

@@ -384,9 +384,17 @@ pub mod instance {
 
     /// Whether `name` can be one: 1 to 63 ASCII letters, digits, `-` and
     /// `.`, each dot-separated part starting and ending with a letter or
-    /// digit, and the last one starting with a letter (so that it is a
-    /// TLS server name: never an IP address, nor a number rustls refuses).
+    /// digit, and the last one not a number (decimal, or hex after `0x`:
+    /// a TLS server name must not look like an IPv4 address, and rustls
+    /// refuses those).
     pub fn valid(name: &str) -> bool {
+        let number = |l: &str| {
+            let hex = l
+                .strip_prefix("0x")
+                .or_else(|| l.strip_prefix("0X"))
+                .is_some_and(|h| h.bytes().all(|c| c.is_ascii_hexdigit()));
+            hex || l.bytes().all(|c| c.is_ascii_digit())
+        };
         let label_ok = |l: &str| {
             let b = l.as_bytes();
             !b.is_empty()
@@ -396,10 +404,7 @@ pub mod instance {
         };
         name.len() <= MAX_LEN
             && name.split('.').all(label_ok)
-            && name
-                .rsplit('.')
-                .next()
-                .is_some_and(|l| l.as_bytes()[0].is_ascii_alphabetic())
+            && name.rsplit('.').next().is_some_and(|l| !number(l))
     }
 
     /// The trailer after a new session's ATTACHED: length, then the name
@@ -425,13 +430,21 @@ pub mod instance {
 
         #[test]
         fn names() {
-            for ok in ["s1", "lh-a.example", "edge7", "a"] {
+            for ok in [
+                "s1",
+                "lh-a.example",
+                "edge7",
+                "a",
+                "3f2a1b9c0d4e",
+                "0xg1",
+                "10.0.0.x",
+            ] {
                 assert!(valid(ok), "{ok}");
             }
             let long = "a".repeat(64);
             for bad in [
                 "", "10.0.0.1", "-a", "a-", "a..b", "a_b", "é", " a", &long, "edge.1", "0xab",
-                "a.-b", "a.",
+                "a.-b", "a.", "123", "0X1F",
             ] {
                 assert!(!valid(bad), "{bad}");
             }

@@ -3,55 +3,12 @@
 //! closed stream whose bytes are still being written keeps its budget and
 //! its slot until they are.
 
-use std::time::Duration;
+mod mux_common;
 
 use bytes::Bytes;
 use longhaul_proto::frame::Frame;
-use longhaul_proto::mux::{Event, Mux, MuxConfig};
-use longhaul_proto::window::WindowConfig;
-
-fn config(jmux: bool) -> MuxConfig {
-    MuxConfig {
-        window: WindowConfig {
-            initial: 4096,
-            max: 65536,
-        },
-        budget: 20_000,
-        max_streams: 2,
-        send_queue: 8192,
-        send_total: 65536,
-        control_limit: 1 << 20,
-        keepalive: Duration::from_secs(30),
-        dead_after: Duration::from_secs(3600),
-        open_timeout: Duration::from_secs(5),
-        idle_timeout: None,
-        rtt_floor: Duration::from_millis(1),
-        jmux,
-        extensions: !jmux,
-        our_max_packet: 4096,
-        send_max_payload: 2048,
-        resumable: false,
-    }
-}
-
-/// The peer opens stream `sender`; we accept: our id for it.
-fn accepted(m: &mut Mux, sender: u32) -> u32 {
-    m.handle_frame(
-        Frame::Open {
-            sender,
-            window: 4096,
-            max_packet: 2048,
-            dest: "tcp://x:1".into(),
-        },
-        0,
-    )
-    .unwrap();
-    let open = match m.poll_event() {
-        Some(Event::OpenRequest { open, .. }) => open,
-        e => panic!("{e:?}"),
-    };
-    m.accept_open(open, 0).unwrap()
-}
+use longhaul_proto::mux::{Event, Mux};
+use mux_common::{accepted, config};
 
 fn finished(m: &mut Mux) -> (bool, bool) {
     while let Some(e) = m.poll_event() {

@@ -1,56 +1,12 @@
-//! Keepalive: a side that only answers (a server) sends no PINGs of its
-//! own while its peer pings, and starts again once the peer stops.
+//! Keepalive: a side that mostly answers (a server) pings only every
+//! fourth interval while its peer pings, and every one once the peer is
+//! late; a new carrier is pinged at once.
 
-use std::collections::VecDeque;
-use std::time::Duration;
+mod mux_common;
 
-use longhaul_proto::frame::{self, Frame};
-use longhaul_proto::mux::{Mux, MuxConfig};
-use longhaul_proto::window::WindowConfig;
-
-fn config(jmux: bool) -> MuxConfig {
-    MuxConfig {
-        window: WindowConfig {
-            initial: 4096,
-            max: 65536,
-        },
-        budget: 20_000,
-        max_streams: 2,
-        send_queue: 8192,
-        send_total: 65536,
-        control_limit: 1 << 20,
-        keepalive: Duration::from_secs(30),
-        dead_after: Duration::from_secs(3600),
-        open_timeout: Duration::from_secs(5),
-        idle_timeout: None,
-        rtt_floor: Duration::from_millis(1),
-        jmux,
-        extensions: !jmux,
-        our_max_packet: 4096,
-        send_max_payload: 2048,
-        resumable: false,
-    }
-}
-
-/// The control frames `m` would write now, decoded.
-fn written(m: &mut Mux) -> Vec<Frame> {
-    let mut batch = VecDeque::new();
-    m.poll_transmit(&mut batch, usize::MAX, usize::MAX);
-    let limits = frame::DecodeLimits {
-        max_frame: frame::MAX_FRAME_LEN,
-        extensions: true,
-    };
-    let mut out = vec![];
-    for f in batch {
-        let mut b = bytes::BytesMut::new();
-        b.extend_from_slice(f.head());
-        b.extend_from_slice(&f.body);
-        while let Some(fr) = frame::decode(&mut b, limits).unwrap() {
-            out.push(fr);
-        }
-    }
-    out
-}
+use longhaul_proto::frame::Frame;
+use longhaul_proto::mux::Mux;
+use mux_common::{config, written};
 
 fn pings(m: &mut Mux) -> usize {
     written(m)
@@ -60,33 +16,48 @@ fn pings(m: &mut Mux) -> usize {
 }
 
 #[test]
-fn an_answering_side_pings_only_when_its_peer_stops() {
+fn an_answering_side_pings_rarely_while_its_peer_pings() {
     const S: u64 = 1_000_000_000;
     // keepalive 30 s in `config`.
     let mut m = Mux::new(config(false));
     m.set_answer_only(true);
     m.handle_timeout(0);
     assert_eq!(pings(&mut m), 1, "no PING heard yet: it pings");
-    // The peer pings every 30 s: we answer, and ping no more.
-    for k in 1..=4u64 {
-        m.handle_frame(Frame::Ping { nonce: k }, k * 30 * S)
-            .unwrap();
-        m.handle_timeout(k * 30 * S + S);
+    // The peer pings every 30 s: we answer, and ping only every fourth
+    // interval (for our own RTT).
+    for k in 1..=8u64 {
+        let t = k * 30 * S;
+        m.handle_frame(Frame::Ping { nonce: k }, t).unwrap();
+        m.handle_timeout(t + S);
         let out = written(&mut m);
         assert!(out.contains(&Frame::Pong { nonce: k }));
-        assert!(
-            !out.iter().any(|f| matches!(f, Frame::Ping { .. })),
-            "round {k}"
-        );
+        let ours = out
+            .iter()
+            .filter(|f| matches!(f, Frame::Ping { .. }))
+            .count();
+        assert_eq!(ours, usize::from(k % 4 == 0), "round {k}");
+        // The next deadline is never in the past (a timer would spin).
+        let due = m.poll_timeout().unwrap();
+        assert!(due > t + S, "round {k}: deadline {due} already passed");
     }
-    // The next deadline is never in the past while the peer pings (a
-    // timer would spin).
-    let due = m.poll_timeout().unwrap();
-    assert!(due > 4 * 30 * S + S, "deadline {due} already passed");
-    // The peer stops pinging: after two of its intervals we ping again.
-    m.handle_timeout(4 * 30 * S + 61 * S);
+    // The peer stops pinging: once it is half an interval late, we ping
+    // every interval.
+    let last = 8 * 30 * S;
+    m.handle_timeout(last + 44 * S);
+    assert_eq!(pings(&mut m), 0);
+    m.handle_timeout(last + 46 * S);
     assert_eq!(pings(&mut m), 1);
-    // A side that does not only answer pings whatever the peer does.
+    m.handle_timeout(last + 77 * S);
+    assert_eq!(pings(&mut m), 1);
+    // A new carrier: our PING goes at once.
+    m.set_attached(false, last + 80 * S);
+    m.handle_frame(Frame::Ping { nonce: 99 }, last + 80 * S)
+        .unwrap();
+    m.set_attached(true, last + 81 * S);
+    m.handle_timeout(last + 81 * S);
+    assert_eq!(pings(&mut m), 1);
+    // A side that does not only answer pings every interval, whatever the
+    // peer does.
     let mut c = Mux::new(config(false));
     c.handle_timeout(0);
     assert_eq!(pings(&mut c), 1);

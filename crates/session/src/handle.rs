@@ -308,6 +308,11 @@ impl SessionHandle {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether `other` is a handle to this same session.
+    pub fn is(&self, other: &SessionHandle) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// Client side: the instance name the server told for this session:
     /// its later carriers carry it (TLS server name, WebSocket header) for
     /// a load balancer to send them to the same server.

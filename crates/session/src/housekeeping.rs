@@ -116,10 +116,11 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
         if shared.striped {
             wake = wake.min(next_tick);
         }
-        // A deadline that appears while this sleeps (a detach starts the
-        // server's resume timeout) is seen at the next probe, within
-        // PROBE_EVERY; a resume after the deadline is refused anyway
-        // (`Connection::is_over`), so only the close can come that late.
+        // A detach (the server's resume timeout starts) and a resume (the
+        // new carrier is pinged at once) wake this through `timer_woken`,
+        // as a quiet session's first write does; any other deadline that
+        // appears while this sleeps is seen at the next probe (within
+        // PROBE_EVERY, or IDLE_PROBE_EVERY while quiet).
         let wait = Duration::from_nanos(wake.saturating_sub(shared.now_ns()));
         // Timers never fire early; a millisecond more keeps a deadline that
         // falls just after `now` from spinning.

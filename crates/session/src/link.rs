@@ -136,6 +136,8 @@ impl Shared {
                     }
                 }
                 self.detached_tx.send_replace(true);
+                // Its deadlines changed (the server's resume timeout).
+                self.timer_woken.notify_one();
                 drop(slot);
                 tracing::warn!(
                     peer = %self.peer,
@@ -210,6 +212,8 @@ impl Shared {
         })?;
         // A silence found on the old carrier is not this one's.
         let _ = self.take_silent();
+        // The new carrier is pinged and its path sampled at once.
+        self.timer_woken.notify_one();
         if self.striped {
             self.spawn_lane(carrier, limits, id, 0);
         } else {

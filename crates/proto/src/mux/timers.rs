@@ -7,9 +7,15 @@ use super::stream::Phase;
 use super::{Event, Mux, Refused, MAX_BINDS, MAX_PINGS};
 use crate::frame::{Frame, Reason};
 
+/// While its peer pings, a mostly answering side pings once in this many
+/// intervals.
+pub const ANSWERING_PING_EVERY: u64 = 4;
+
 impl Mux {
-    /// Keepalive by answering: PINGs of our own only while the peer sends
-    /// none (a server: its clients ping). Off by default.
+    /// Keepalive mostly by answering (a server: its clients ping): while
+    /// the peer pings, a PING of our own only every [`ANSWERING_PING_EVERY`]
+    /// intervals, for our own RTT (window growth needs it); every
+    /// interval once the peer stops. Off by default.
     pub fn set_answer_only(&mut self, yes: bool) {
         self.answer_only = yes;
     }
@@ -30,6 +36,9 @@ impl Mux {
             self.last_rx = now;
             self.busy_at = now;
             self.last_ping = None;
+            // A new carrier: our own PING goes at once, whatever the peer
+            // did on the old one.
+            self.peer_pinged = None;
             // Answers to PINGs sent on the old carrier would time the outage.
             self.pings.clear();
             self.silent_reported = false;
@@ -43,16 +52,21 @@ impl Mux {
         self.attached
     }
 
-    /// When our next keepalive PING is due. A side that only answers (a
-    /// server) pings only once its peer has stopped pinging for two
-    /// intervals: the peer's PINGs and our PONGs prove both directions
-    /// alive, at half the messages.
+    /// When our next keepalive PING is due. A side that mostly answers (a
+    /// server) pings every [`ANSWERING_PING_EVERY`] intervals while its
+    /// peer pings at least every one and a half of ours (the peer's PINGs
+    /// and our PONGs prove both directions alive), and every interval
+    /// otherwise.
     fn next_ping(&self) -> u64 {
         let keepalive = self.cfg.keepalive.as_nanos() as u64;
-        let ours = self.last_ping.map_or(0, |p| p.saturating_add(keepalive));
+        let every = |k: u64| self.last_ping.map_or(0, |p| p.saturating_add(k));
         match (self.answer_only, self.peer_pinged) {
-            (true, Some(p)) => ours.max(p.saturating_add(2 * keepalive)),
-            _ => ours,
+            (true, Some(p)) => {
+                // Until the peer is late, the rare PING; then the usual.
+                let late = p.saturating_add(keepalive + keepalive / 2);
+                every(ANSWERING_PING_EVERY * keepalive).min(late.max(every(keepalive)))
+            }
+            _ => every(keepalive),
         }
     }
 
