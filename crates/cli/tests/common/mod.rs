@@ -23,12 +23,23 @@ impl Kill {
     }
 }
 
+/// A port free now, never one handed out before in this process: two
+/// asked for in a row (a server's two listeners) must not be the same
+/// once both are closed again.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// Waits until something listens on `port` (connects once to find out).
