@@ -120,6 +120,9 @@ pub struct Connection {
     /// DATA from the last input may be queued as slices of its buffer.
     may_slice: bool,
     peer_goodbye: bool,
+    /// When each lane last heard from the peer: datagrams avoid a silent
+    /// one (see `lane_quiet`).
+    lanes_heard: crate::lane_quiet::LanesHeard,
     /// Server: how long a detached session waits for a resume.
     resume_timeout: Option<Duration>,
 }
@@ -136,6 +139,7 @@ impl Connection {
             lane_pins: Pins::default(),
             may_slice: true,
             peer_goodbye: false,
+            lanes_heard: Default::default(),
             resume_timeout: None,
         }
     }
@@ -355,6 +359,7 @@ impl Connection {
             return Received::Stale;
         }
         self.mux.heard(now);
+        self.lanes_heard.heard(lane, now);
         match l.on_ack(received) {
             Ok(freed) => Received::Taken { wake: freed },
             Err(e) => {
@@ -375,6 +380,7 @@ impl Connection {
             return Received::Stale;
         }
         self.mux.heard(now);
+        self.lanes_heard.heard(lane, now);
         // Its payload is a slice of a buffer of its own.
         self.may_slice = true;
         if self.deliver(f, now) {
@@ -394,7 +400,7 @@ impl Connection {
             return Received::Ended;
         };
         match l.on_chunk(lane, offset, data) {
-            Ok(true) => {}
+            Ok(true) => self.lanes_heard.heard(lane, now),
             Ok(false) => return Received::Stale,
             Err(e) => {
                 self.mux.close(format!("bad chunk from peer: {e}"));
@@ -455,10 +461,12 @@ impl Connection {
             return LaneOutput::Stale;
         }
         // Datagrams first, outside the chunk: never sequenced, so never
-        // waiting in the peer's reorder buffer behind another lane.
+        // waiting in the peer's reorder buffer behind another lane; not on
+        // a lane gone silent (they would be lost there).
         let mut datagrams = VecDeque::new();
         let mut datagram_bytes = 0;
-        while datagram_bytes < target {
+        let avoid = self.lanes_heard.avoid(lane, now, |c| l.is_current(c));
+        while datagram_bytes < target && !avoid {
             let Some(f) = self.mux.pop_datagram() else {
                 break;
             };
@@ -511,6 +519,16 @@ impl Connection {
             }),
             None => LaneOutput::Idle,
         }
+    }
+
+    /// Whether datagrams wait for another lane than `lane` (it has gone
+    /// silent, see `lane_quiet`) while some are queued: the caller wakes
+    /// the other lanes' writers.
+    pub fn datagrams_avoid(&mut self, lane: CarrierId, now: u64) -> bool {
+        let Some(l) = self.link.as_ref() else {
+            return false;
+        };
+        self.mux.has_datagrams() && self.lanes_heard.avoid(lane, now, |c| l.is_current(c))
     }
 
     /// Carrier (or lane) `carrier` failed or was stopped (`why`). Without a

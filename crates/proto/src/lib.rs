@@ -37,6 +37,7 @@ pub mod dest;
 pub mod drr;
 pub mod frame;
 pub mod handshake;
+pub mod lane_quiet;
 pub mod link;
 pub mod mux;
 pub mod outframe;

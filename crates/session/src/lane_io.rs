@@ -75,7 +75,14 @@ async fn write_pieces(w: &mut BoxWrite, pieces: &mut Pieces) -> io::Result<()> {
 
 /// Asks the connection for this lane's next chunk.
 fn take_job(shared: &Arc<Shared>, id: CarrierId, target: usize) -> LaneOutput {
-    let out = shared.with_conn(|c, now| c.poll_chunk(id, target, now));
+    let (out, elsewhere) = shared.with_conn(|c, now| {
+        let out = c.poll_chunk(id, target, now);
+        (out, c.datagrams_avoid(id, now))
+    });
+    if elsewhere {
+        // This lane is silent: the queued datagrams are for the others.
+        shared.wake_other_lanes(id);
+    }
     if let LaneOutput::Chunk(c) = &out {
         if c.more && c.len > 0 {
             // Another lane may take the rest. (Only after taking some: a

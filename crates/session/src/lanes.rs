@@ -94,6 +94,13 @@ impl Shared {
     }
 
     /// Wakes every lane's writer.
+    /// Wakes every lane's writer but `id`'s.
+    pub(crate) fn wake_other_lanes(&self, id: CarrierId) {
+        for l in self.slot().lanes.iter().filter(|l| l.id != id) {
+            l.kick.notify_one();
+        }
+    }
+
     pub(crate) fn wake_lanes(&self) {
         for l in &self.slot().lanes {
             l.kick.notify_one();

@@ -151,6 +151,11 @@ impl Mux {
         self.datagrams.apart = apart;
     }
 
+    /// Whether datagrams wait to be sent.
+    pub fn has_datagrams(&self) -> bool {
+        !self.datagrams.is_empty()
+    }
+
     /// The next datagram to send (see [`Mux::set_datagrams_apart`]).
     pub fn pop_datagram(&mut self) -> Option<OutFrame> {
         self.datagrams.pop()
