@@ -381,6 +381,9 @@ impl Connection {
         }
         self.mux.heard(now);
         self.lanes_heard.heard(lane, now);
+        if let Some(l) = self.link.as_mut() {
+            l.datagram_heard();
+        }
         // Its payload is a slice of a buffer of its own.
         self.may_slice = true;
         if self.deliver(f, now) {
@@ -521,14 +524,22 @@ impl Connection {
         }
     }
 
-    /// Whether datagrams wait for another lane than `lane` (it has gone
-    /// silent, see `lane_quiet`) while some are queued: the caller wakes
-    /// the other lanes' writers.
-    pub fn datagrams_avoid(&mut self, lane: CarrierId, now: u64) -> bool {
+    /// The lanes that should take the queued datagrams when `lane` avoids
+    /// them (it has gone silent, see `lane_quiet`): the caller wakes their
+    /// writers. Empty when `lane` takes them itself, or none are queued.
+    pub fn datagram_takers(&mut self, lane: CarrierId, now: u64) -> Vec<CarrierId> {
         let Some(l) = self.link.as_ref() else {
-            return false;
+            return Vec::new();
         };
-        self.mux.has_datagrams() && self.lanes_heard.avoid(lane, now, |c| l.is_current(c))
+        let current = |c| l.is_current(c);
+        if !self.mux.has_datagrams() || !self.lanes_heard.avoid(lane, now, current) {
+            return Vec::new();
+        }
+        let lanes: Vec<CarrierId> = l.carriers().iter().map(|c| c.0).collect();
+        lanes
+            .into_iter()
+            .filter(|&c| c != lane && !self.lanes_heard.avoid(c, now, current))
+            .collect()
     }
 
     /// Carrier (or lane) `carrier` failed or was stopped (`why`). Without a

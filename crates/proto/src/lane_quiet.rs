@@ -33,6 +33,9 @@ impl LanesHeard {
         current: impl Fn(CarrierId) -> bool,
     ) -> bool {
         self.0.retain(|(l, _)| current(*l));
+        if !current(lane) {
+            return false;
+        }
         let recent = |t: u64| now.saturating_sub(t) < QUIET;
         // A lane never heard yet counts as heard when it joined: not here.
         let mine = self.0.iter().find(|(l, _)| *l == lane).map(|e| e.1);

@@ -75,13 +75,14 @@ async fn write_pieces(w: &mut BoxWrite, pieces: &mut Pieces) -> io::Result<()> {
 
 /// Asks the connection for this lane's next chunk.
 fn take_job(shared: &Arc<Shared>, id: CarrierId, target: usize) -> LaneOutput {
-    let (out, elsewhere) = shared.with_conn(|c, now| {
+    let (out, takers) = shared.with_conn(|c, now| {
         let out = c.poll_chunk(id, target, now);
-        (out, c.datagrams_avoid(id, now))
+        (out, c.datagram_takers(id, now))
     });
-    if elsewhere {
-        // This lane is silent: the queued datagrams are for the others.
-        shared.wake_other_lanes(id);
+    if !takers.is_empty() {
+        // This lane is silent: the queued datagrams are for the lanes that
+        // hear (never one that avoids them too: no kicking back and forth).
+        shared.wake_lanes_of(&takers);
     }
     if let LaneOutput::Chunk(c) = &out {
         if c.more && c.len > 0 {

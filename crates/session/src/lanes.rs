@@ -93,14 +93,14 @@ impl Shared {
         number
     }
 
-    /// Wakes every lane's writer.
-    /// Wakes every lane's writer but `id`'s.
-    pub(crate) fn wake_other_lanes(&self, id: CarrierId) {
-        for l in self.slot().lanes.iter().filter(|l| l.id != id) {
+    /// Wakes the writers of lanes `ids`.
+    pub(crate) fn wake_lanes_of(&self, ids: &[CarrierId]) {
+        for l in self.slot().lanes.iter().filter(|l| ids.contains(&l.id)) {
             l.kick.notify_one();
         }
     }
 
+    /// Wakes every lane's writer.
     pub(crate) fn wake_lanes(&self) {
         for l in &self.slot().lanes {
             l.kick.notify_one();
@@ -192,7 +192,9 @@ impl Shared {
                 "lane stalled: its chunks waiting too long go again on the others"
             );
         }
-        if tick.wake_all {
+        // Queued datagrams too: a lane that avoided them may take them
+        // again now that time has passed (`lane_quiet`).
+        if tick.wake_all || self.with(|m, _| m.has_datagrams()) {
             self.wake_lanes();
         }
     }

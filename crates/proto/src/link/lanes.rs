@@ -56,6 +56,10 @@ pub(super) struct Stripes {
     /// docs): every lane, so that one on a stalled or dying lane is not
     /// the only copy.
     pub owed: Vec<CarrierId>,
+    /// Datagrams arrived since the last tick: every lane owes an ACK, so
+    /// that each healthy lane keeps hearing while datagrams flow (a lane
+    /// that hears nothing takes no datagrams, `lane_quiet`).
+    pub datagrams_seen: bool,
     pub goodbye_sent: bool,
     /// When a stalled lane may be logged again.
     next_stall_log: u64,
@@ -71,6 +75,7 @@ impl Stripes {
             flight: Flight::default(),
             carry: None,
             owed: Vec::new(),
+            datagrams_seen: false,
             goodbye_sent: false,
             next_stall_log: 0,
         }
@@ -359,6 +364,14 @@ impl LinkLayer {
         self.rx.ack_due() || self.stripes.as_ref().is_some_and(|s| !s.owed.is_empty())
     }
 
+    /// A datagram arrived on a lane: at the next tick every lane owes an
+    /// ACK, so that each healthy lane is heard while datagrams flow.
+    pub fn datagram_heard(&mut self) {
+        if let Some(s) = self.stripes.as_mut() {
+            s.datagrams_seen = true;
+        }
+    }
+
     /// The striped session's timer: chunks waiting on a lane longer than
     /// `timeout(lane)` are queued to go again on another; an ACK is owed
     /// for whatever arrived since the last one.
@@ -374,7 +387,8 @@ impl LinkLayer {
         } else {
             Vec::new()
         };
-        if received || !stalled.is_empty() {
+        let datagrams = std::mem::take(&mut s.datagrams_seen);
+        if received || !stalled.is_empty() || datagrams {
             // Something arrived since the last ACK; or a lane stalled, and
             // the last ACK may be waiting on it.
             s.owed = live;
