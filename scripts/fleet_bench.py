@@ -32,27 +32,8 @@ import tempfile
 import threading
 import time
 
-PROCS = []
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_port(port, secs=20):
-    t = time.time()
-    while time.time() - t < secs:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"port {port} never opened")
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loopback import PROCS, free_port, kill_all, wait_port  # noqa: E402
 
 def spawn(args, log):
     p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -296,7 +277,7 @@ def main():
     ok = sum(1 for v in res.values() if v is True)
     print(f"phase 2: {ok}/{len(res)} streams open before the restart intact "
           f"(ran {time.time() - t0:.1f} s, --drain-timeout {a.drain}s); "
-          + "; ".join(f"{n} drained in {s:.1f} s, then {k}/10 new connections ok"
+          + "; ".join(f"{n} drained in {s:.1f} s, then {k}/{min(10, len(ports))} new connections ok"
                       for n, (s, k) in late.items()))
     bad = {k: v for k, v in res.items() if v is not True}
     if bad:
@@ -308,13 +289,4 @@ if __name__ == "__main__":
     try:
         main()
     finally:
-        for p in PROCS:
-            try:
-                p.kill()
-            except OSError:
-                pass
-        for p in PROCS:
-            try:
-                p.wait(timeout=5)
-            except Exception:
-                pass
+        kill_all()

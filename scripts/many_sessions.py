@@ -23,38 +23,13 @@ import os
 import selectors
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 
-PROCS = []
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_port(port, secs=20):
-    t = time.time()
-    while time.time() - t < secs:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"port {port} never opened")
-
-
-def rss_kib(pid):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loopback import PROCS, free_port, kill_all, rss_kib, wait_port  # noqa: E402
 
 def fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
@@ -236,8 +211,4 @@ if __name__ == "__main__":
     try:
         main()
     finally:
-        for p in PROCS:
-            try:
-                p.kill()
-            except OSError:
-                pass
+        kill_all()

@@ -38,8 +38,8 @@ pub enum BenchCmd {
 #[derive(Args, Debug)]
 pub struct SessionsArgs {
     /// The longhaul server, as for 'client'.
-    #[arg(value_parser = crate::args::parse_server_url)]
-    pub server: crate::args::ServerUrl,
+    #[arg(value_parser = crate::conn_args::parse_server_url)]
+    pub server: crate::conn_args::ServerUrl,
     /// Sessions to start.
     #[arg(short = 'n', long, default_value_t = 1000)]
     pub count: usize,
@@ -56,9 +56,9 @@ pub struct SessionsArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub conn: crate::args::ConnectArgs,
+    pub conn: crate::conn_args::ConnectArgs,
     #[command(flatten)]
-    pub session: crate::args::SessionArgs,
+    pub session: crate::conn_args::SessionArgs,
 }
 
 #[derive(Args, Debug)]

@@ -5,6 +5,7 @@ mod arg_errors;
 mod args;
 mod bench_args;
 mod config;
+mod conn_args;
 mod connect;
 mod cp;
 mod install;

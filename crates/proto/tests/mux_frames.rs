@@ -2,14 +2,16 @@
 //! written whole, so whatever is queued behind it (a keystroke, a
 //! datagram) waits for all of it.
 
+mod mux_common;
+
 use std::collections::VecDeque;
-use std::time::Duration;
 
 use bytes::Bytes;
 use longhaul_proto::frame::{Frame, MAX_DATA_PAYLOAD};
 use longhaul_proto::mux::{Event, Mux, MuxConfig, MIN_FRAME_CAP};
 use longhaul_proto::window::WindowConfig;
 
+/// Large windows and queues, frames as large as the protocol allows.
 fn mux() -> Mux {
     Mux::new(MuxConfig {
         window: WindowConfig {
@@ -17,20 +19,11 @@ fn mux() -> Mux {
             max: 1 << 20,
         },
         budget: 1 << 24,
-        max_streams: 2,
         send_queue: 1 << 22,
         send_total: 1 << 22,
-        control_limit: 1 << 20,
-        keepalive: Duration::from_secs(30),
-        dead_after: Duration::from_secs(3600),
-        open_timeout: Duration::from_secs(5),
-        idle_timeout: None,
-        rtt_floor: Duration::from_millis(1),
-        jmux: false,
-        extensions: true,
         our_max_packet: u16::MAX,
         send_max_payload: MAX_DATA_PAYLOAD,
-        resumable: false,
+        ..mux_common::config(false)
     })
 }
 

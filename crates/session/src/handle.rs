@@ -229,7 +229,28 @@ impl SessionHandle {
 
     /// Every open stream's figures.
     pub fn streams(&self) -> Vec<crate::StreamStats> {
-        self.shared.stream_list()
+        let st = self.shared.lock();
+        let mut v: Vec<_> = st
+            .streams
+            .iter()
+            .filter_map(|(&id, rt)| {
+                let m = st.conn().mux().stream_stats(id)?;
+                Some(crate::config::StreamStats {
+                    id,
+                    dest: rt.dest.to_string(),
+                    local: rt.local.clone(),
+                    opened_here: rt.opened_here,
+                    age: rt.since.elapsed(),
+                    bytes_sent: m.tx_bytes,
+                    bytes_received: m.rx_bytes,
+                    window: m.window,
+                    credit: m.credit,
+                    stalls: m.credit_stalls,
+                })
+            })
+            .collect();
+        v.sort_by_key(|s| s.id);
+        v
     }
 
     /// Lanes agreed for a striped session (1 for any other).

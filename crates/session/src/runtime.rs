@@ -118,6 +118,13 @@ pub(crate) struct State {
     unattached: HashMap<u32, Arc<StreamIo>>,
 }
 
+impl State {
+    /// The protocol, to read (figures for `status`).
+    pub(crate) fn conn(&self) -> &Connection {
+        &self.conn
+    }
+}
+
 pub(crate) struct Shared {
     pub st: Mutex<State>,
     /// Both sides offered resume: the connection has a link layer.
@@ -521,32 +528,6 @@ impl Shared {
         });
         self.dispatch(&mut st);
         r
-    }
-
-    /// Every stream's figures, for `status`.
-    pub fn stream_list(&self) -> Vec<crate::config::StreamStats> {
-        let st = self.lock();
-        let mut v: Vec<_> = st
-            .streams
-            .iter()
-            .filter_map(|(&id, rt)| {
-                let m = st.conn.mux().stream_stats(id)?;
-                Some(crate::config::StreamStats {
-                    id,
-                    dest: rt.dest.to_string(),
-                    local: rt.local.clone(),
-                    opened_here: rt.opened_here,
-                    age: rt.since.elapsed(),
-                    bytes_sent: m.tx_bytes,
-                    bytes_received: m.rx_bytes,
-                    window: m.window,
-                    credit: m.credit,
-                    stalls: m.credit_stalls,
-                })
-            })
-            .collect();
-        v.sort_by_key(|s| s.id);
-        v
     }
 
     /// The carrier was found silent since the last call: for how long.

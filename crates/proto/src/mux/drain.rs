@@ -1,11 +1,14 @@
-//! Draining: a side about to go away (a server stopping for a restart)
-//! tells its peer to open the next streams through a new session — which a
-//! load balancer sends to another server — while the streams open now go
-//! on until they end. Like HTTP/2's GOAWAY, without its last-stream id:
-//! OPENs keep being accepted, so one that crossed the DRAIN never fails.
+//! Going away. Draining: a side about to go away (a server stopping for
+//! a restart) tells its peer to open the next streams through a new
+//! session — which a load balancer sends to another server — while the
+//! streams open now go on until they end. Like HTTP/2's GOAWAY, without
+//! its last-stream id: OPENs keep being accepted, so one that crossed the
+//! DRAIN never fails. Then the polite end ([`Mux::shutdown`]): CLOSE for
+//! every stream.
 
 use crate::frame::Frame;
 
+use super::stream::Phase;
 use super::{Event, Mux};
 
 /// Longest drain reason kept or sent (bytes): it is only logged.
@@ -23,6 +26,33 @@ fn truncate_utf8(s: &mut String, max: usize) {
 }
 
 impl Mux {
+    /// Ends the session politely: CLOSE for every open stream, new OPENs
+    /// refused; once the writer has written everything ([`Mux::goodbye_done`])
+    /// the caller closes the carrier.
+    pub fn shutdown(&mut self, why: impl Into<String>) {
+        if self.dead.is_some() || self.goodbye.is_some() {
+            return;
+        }
+        self.goodbye = Some(why.into());
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            if let Some(s) = self.streams.get(&id) {
+                if matches!(s.phase, Phase::Open { .. }) {
+                    self.send_close(id, false, true);
+                }
+            }
+        }
+    }
+
+    /// Shutting down, and nothing is left to write: the reason.
+    pub fn goodbye_done(&self) -> Option<&str> {
+        if self.control.is_empty() && self.data.is_empty() {
+            self.goodbye.as_deref()
+        } else {
+            None
+        }
+    }
+
     /// Both sides offered `FEATURE_DRAIN` in their hello: only then may a
     /// DRAIN be sent (a peer without it would take it for a protocol
     /// error). Off until said.

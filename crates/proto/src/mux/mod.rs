@@ -361,33 +361,6 @@ impl Mux {
         self.datagrams.clear();
     }
 
-    /// Ends the session politely: CLOSE for every open stream, new OPENs
-    /// refused; once the writer has written everything ([`Mux::goodbye_done`])
-    /// the caller closes the carrier.
-    pub fn shutdown(&mut self, why: impl Into<String>) {
-        if self.dead.is_some() || self.goodbye.is_some() {
-            return;
-        }
-        self.goodbye = Some(why.into());
-        let ids: Vec<u32> = self.streams.keys().copied().collect();
-        for id in ids {
-            if let Some(s) = self.streams.get(&id) {
-                if matches!(s.phase, Phase::Open { .. }) {
-                    self.send_close(id, false, true);
-                }
-            }
-        }
-    }
-
-    /// Shutting down, and nothing is left to write: the reason.
-    pub fn goodbye_done(&self) -> Option<&str> {
-        if self.control.is_empty() && self.data.is_empty() {
-            self.goodbye.as_deref()
-        } else {
-            None
-        }
-    }
-
     /// Ids of the streams it keeps (any state), sorted.
     pub fn stream_ids(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self.streams.keys().copied().collect();
