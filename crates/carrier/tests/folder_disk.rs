@@ -93,7 +93,12 @@ impl SmallTmpfs {
 
 impl Drop for SmallTmpfs {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        // Lazy: a task that still holds a segment open must not leave the
+        // mount behind.
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
         let _ = std::fs::remove_dir(&self.0);
     }
 }
