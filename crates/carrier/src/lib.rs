@@ -4,7 +4,7 @@
 //! and a write half, plus a way to ask the path's RTT. The multiplexer sees
 //! only [`Carrier`], so TLS, WebSocket, stdio, striped or folder carriers can
 //! be added without touching it.
-// `unsafe` only in the one module that needs it (system calls std lacks).
+// `unsafe` only in the two modules that need it (system calls std lacks).
 #![deny(unsafe_code)]
 
 use std::io;
@@ -22,6 +22,8 @@ pub mod keys;
 #[allow(unsafe_code)]
 mod sockopt;
 pub mod tls;
+#[allow(unsafe_code)]
+pub mod udp_batch;
 pub mod url;
 pub mod ws;
 

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use longhaul_carrier::udp_batch;
 use longhaul_session::logs::{escaped, shown, Throttle};
 use longhaul_session::{DatagramSink, Flow, SessionHandle, MAX_DATAGRAM};
 use tokio::net::UdpSocket;
@@ -314,6 +315,10 @@ fn dropped(dest: &str, why: &str) {
 /// the session is busy. They cost memory only while datagrams wait.
 pub const LISTENER_BUFFERS: usize = 4 << 20;
 
+/// Datagrams a listener reads in one call (`recvmmsg`; its buffers,
+/// 64 KiB each, live as long as the listener).
+const LISTENER_BATCH: usize = 8;
+
 /// A UDP socket bound to `addr` (a listener), for the runtime.
 pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     let s = std::net::UdpSocket::bind(addr)?;
@@ -337,26 +342,31 @@ pub(crate) async fn serve(
     let sock = Arc::new(sock);
     let flows = Flows::new(MAX_FLOWS);
     // One byte more than a frame holds: a longer datagram is seen as such.
-    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+    let mut bufs: Vec<Vec<u8>> = (0..LISTENER_BATCH)
+        .map(|_| Vec::with_capacity(MAX_DATAGRAM + 1))
+        .collect();
+    let mut sources = [None; LISTENER_BATCH];
     let mut sweep = tokio::time::interval(SWEEP);
     tokio::pin!(stop);
     loop {
         tokio::select! {
-            r = sock.recv_from(&mut buf) => {
+            r = udp_batch::recv(&sock, &mut bufs, &mut sources) => {
                 // Errors are ICMP reports for earlier answers: nothing to do.
-                let Ok((n, from)) = r else { continue };
-                if !fits(n) {
-                    continue;
+                let Ok(n) = r else { continue };
+                for (b, from) in bufs.iter().zip(sources).take(n) {
+                    let Some(from) = from.filter(|_| fits(b.len())) else {
+                        continue;
+                    };
+                    let payload = Bytes::copy_from_slice(b);
+                    let reply = || -> Reply {
+                        let sock = sock.clone();
+                        // A full socket buffer: lost, as on the network.
+                        Box::new(move |d: &[u8]| {
+                            let _ = sock.try_send_to(d, from);
+                        })
+                    };
+                    flows.send(from, &dest, payload, reply, &session);
                 }
-                let payload = Bytes::copy_from_slice(&buf[..n]);
-                let reply = || -> Reply {
-                    let sock = sock.clone();
-                    // A full socket buffer: lost, as on the network.
-                    Box::new(move |d: &[u8]| {
-                        let _ = sock.try_send_to(d, from);
-                    })
-                };
-                flows.send(from, &dest, payload, reply, &session);
             }
             _ = sweep.tick() => flows.expire(),
             _ = &mut stop => return,

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use longhaul_carrier::udp_batch;
 use longhaul_proto::mux::Dropped;
 use tokio::net::UdpSocket;
 
@@ -70,6 +71,9 @@ impl DatagramSink for Connected {
 /// Datagrams a flow's socket task takes in one go before it lets the
 /// session's other tasks run.
 const BURST: usize = 64;
+/// Datagrams read in one call (`recvmmsg`): a short batch also tells that
+/// the socket is drained, saving the read that would find it empty.
+const BATCH: usize = 4;
 
 /// Relays between flow `id` (opened by the peer) and `sock`, connected to
 /// its destination, until the flow ends. An idle flow holds no buffer.
@@ -88,17 +92,26 @@ pub(crate) fn spawn_connected(shared: &Arc<Shared>, id: u32, sock: UdpSocket) {
                 return me.with(|m, _| m.abort(id));
             }
             // One byte more than a frame holds: a longer datagram is seen
-            // as such (and dropped), never cut.
-            let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+            // as such (and dropped), never cut. Uninitialised, and only
+            // while datagrams come: an idle flow holds no buffer.
+            let mut bufs: Vec<Vec<u8>> = (0..BATCH)
+                .map(|_| Vec::with_capacity(MAX_DATAGRAM + 1))
+                .collect();
             let mut taken = 0;
             while taken < BURST {
-                taken += 1;
-                match sock.try_recv(&mut buf) {
-                    Ok(n) if n > MAX_DATAGRAM => {}
+                match udp_batch::try_recv(&sock, &mut bufs, &mut []) {
                     Ok(n) => {
-                        let payload = Bytes::copy_from_slice(&buf[..n]);
-                        // Dropped when it cannot go: counted by the core.
-                        let _ = me.with(|m, _| m.send_datagram(id, payload));
+                        taken += n;
+                        for b in bufs.iter().take(n).filter(|b| b.len() <= MAX_DATAGRAM) {
+                            let payload = Bytes::copy_from_slice(b);
+                            // Dropped when it cannot go: counted by the core.
+                            let _ = me.with(|m, _| m.send_datagram(id, payload));
+                        }
+                        if n < BATCH {
+                            // Drained (and the runtime told so).
+                            taken = 0;
+                            break;
+                        }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         taken = 0;
@@ -107,10 +120,10 @@ pub(crate) fn spawn_connected(shared: &Arc<Shared>, id: u32, sock: UdpSocket) {
                     // ICMP errors for earlier sends (port or host
                     // unreachable), reported once each: the destination may
                     // come back, and anyone can forge them; keep the flow.
-                    Err(_) => {}
+                    Err(_) => taken += 1,
                 }
             }
-            if taken == BURST {
+            if taken >= BURST {
                 tokio::task::yield_now().await;
             }
         }
