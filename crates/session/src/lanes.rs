@@ -22,6 +22,7 @@ use longhaul_proto::link::CarrierId;
 use tokio::sync::Notify;
 
 use crate::lane_io::{lane_reader, lane_writer};
+use crate::link::still_current;
 use crate::runtime::Shared;
 use crate::tasks::{CarrierSlot, LaneCounters, LaneStats, LaneTasks, STOP_GRACE};
 
@@ -34,11 +35,12 @@ impl Shared {
         id: CarrierId,
         number: u8,
     ) {
-        let mut slot = self.slot();
-        if !self.still_current(id) {
+        let mut st = self.lock();
+        if !still_current(&st, id) {
             tracing::debug!(peer = %self.peer, lane = number, "lane lost before its tasks started");
             return;
         }
+        let slot = &mut st.slot;
         let stop = Arc::new(Notify::new());
         let kick = Arc::new(Notify::new());
         let probe: Option<Arc<dyn PathProbe>> = carrier.probe.map(Arc::from);
@@ -46,6 +48,8 @@ impl Shared {
             p.set_floor(longhaul_carrier::LANE_NOTSENT_MIN);
         }
         let counters = Arc::new(LaneCounters::default());
+        // Spawned tasks run only once the driver polls them, never in this
+        // call: holding the lock here is safe.
         let reader = self.spawn(lane_reader(
             self.clone(),
             carrier.reader,

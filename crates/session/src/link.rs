@@ -23,7 +23,7 @@ use longhaul_proto::outframe::OutFrame;
 use tokio::sync::Notify;
 
 use crate::reader::carrier_reader;
-use crate::runtime::Shared;
+use crate::runtime::{Shared, State};
 use crate::tasks::{CarrierSlot, STOP_GRACE};
 use crate::writer::carrier_writer;
 
@@ -46,18 +46,36 @@ pub fn auto_replay_limit() -> usize {
     }
 }
 
-impl Shared {
-    pub(crate) fn slot(&self) -> MutexGuard<'_, CarrierSlot> {
-        self.carrier.lock().unwrap_or_else(|p| p.into_inner())
-    }
+/// The carrier's tasks, under the session lock.
+pub(crate) struct SlotGuard<'a>(MutexGuard<'a, State>);
 
-    /// Whether carrier `id` is still current (always, without a link
-    /// layer). Asked under the slot's lock before a carrier's tasks start:
-    /// one lost between its attach and this point (a silence found
-    /// meanwhile) gets no tasks, and the session stays detached for a
-    /// resume, as the link layer says.
-    pub(crate) fn still_current(&self, id: CarrierId) -> bool {
-        self.link().is_none_or(|l| l.is_current(id))
+impl std::ops::Deref for SlotGuard<'_> {
+    type Target = CarrierSlot;
+    fn deref(&self) -> &CarrierSlot {
+        &self.0.slot
+    }
+}
+
+impl std::ops::DerefMut for SlotGuard<'_> {
+    fn deref_mut(&mut self) -> &mut CarrierSlot {
+        &mut self.0.slot
+    }
+}
+
+/// Whether carrier `id` is still current (always, without a link layer):
+/// asked under the session lock before a carrier's tasks start, so that
+/// one lost between its attach and this point (a silence found meanwhile)
+/// gets no tasks, and the session stays detached for a resume, as the
+/// link layer says.
+pub(crate) fn still_current(st: &State, id: CarrierId) -> bool {
+    st.conn().link().is_none_or(|l| l.is_current(id))
+}
+
+impl Shared {
+    /// The carrier's tasks (takes the session lock: never call it while
+    /// holding that).
+    pub(crate) fn slot(&self) -> SlotGuard<'_> {
+        SlotGuard(self.lock())
     }
 
     /// Starts the reader and writer of carrier `id` (the link layer's id
@@ -69,13 +87,16 @@ impl Shared {
         id: CarrierId,
         resend: Vec<OutFrame>,
     ) {
-        let mut slot = self.slot();
-        if !self.still_current(id) {
+        let mut st = self.lock();
+        if !still_current(&st, id) {
             return;
         }
+        let slot = &mut st.slot;
         slot.id = id;
         let stop = Arc::new(Notify::new());
         slot.probe = carrier.probe.map(Arc::from);
+        // Spawned tasks run only once the driver polls them, never in this
+        // call: holding the lock here is safe.
         slot.reader = Some(self.spawn(carrier_reader(self.clone(), carrier.reader, id)));
         slot.writer = Some(self.spawn(carrier_writer(
             self.clone(),
@@ -87,7 +108,7 @@ impl Shared {
             resend,
         )));
         slot.stop = Some(stop);
-        // Under the slot's lock, so that a failure of this very carrier
+        // Under the session lock, so that a failure of this very carrier
         // (which takes the lock) is published after this, never before.
         self.detached_tx.send_replace(false);
     }
@@ -97,22 +118,26 @@ impl Shared {
     /// the session detached, waiting for a resume. Any session without a
     /// link layer closes.
     pub(crate) fn carrier_failed(self: &Arc<Self>, id: CarrierId, why: String) {
-        let mut slot = self.slot();
-        let (loss, held, sent) = self.with_conn_quiet(|c, now| {
-            let loss = c.carrier_lost(id, now, &why);
-            let r = c.link().map(|l| (l.replay().held(), l.replay().sent()));
-            let (held, sent) = r.unwrap_or_default();
-            (loss, held, sent)
-        });
+        // One lock for the decision and the tasks it stops: no other
+        // carrier's tasks can start or fail in between.
+        let mut st = self.lock();
+        let now = self.now_ns();
+        let loss = st.conn_mut().carrier_lost(id, now, &why);
+        let r = st
+            .conn()
+            .link()
+            .map(|l| (l.replay().held(), l.replay().sent()));
+        let (held, sent) = r.unwrap_or_default();
+        self.dispatch_quiet(&mut st);
         match loss {
             Loss::Closed => {
-                drop(slot);
+                drop(st);
                 tracing::info!(peer = %self.peer, "{why}");
             }
             Loss::Link(Lost::Stale) => {}
             Loss::Link(Lost::Lane { left, resent }) => {
-                let number = self.retire_lane(&mut slot, id);
-                drop(slot);
+                let number = self.retire_lane(&mut st.slot, id);
+                drop(st);
                 // Its chunks wait for the others; every lane looks.
                 self.wake_lanes();
                 tracing::warn!(
@@ -124,8 +149,9 @@ impl Shared {
                 );
             }
             Loss::Link(Lost::Detached) => {
+                let slot = &mut st.slot;
                 if self.striped {
-                    self.retire_lane(&mut slot, id);
+                    self.retire_lane(slot, id);
                 } else {
                     slot.probe = None;
                     if let Some(r) = &slot.reader {
@@ -138,7 +164,7 @@ impl Shared {
                 self.detached_tx.send_replace(true);
                 // Its deadlines changed (the server's resume timeout).
                 self.timer_woken.notify_one();
-                drop(slot);
+                drop(st);
                 tracing::warn!(
                     peer = %self.peer,
                     unacknowledged = held,
@@ -151,9 +177,12 @@ impl Shared {
 
     /// Every carrier (or lane) now attached is lost.
     pub(crate) fn drop_carriers(self: &Arc<Self>, why: &str) {
-        let ids = match self.link() {
-            Some(l) => l.carriers().into_iter().map(|c| c.0).collect(),
-            None => vec![self.slot().id],
+        let ids: Vec<CarrierId> = {
+            let st = self.lock();
+            match st.conn().link() {
+                Some(l) => l.carriers().into_iter().map(|c| c.0).collect(),
+                None => vec![st.slot.id],
+            }
         };
         for id in ids {
             self.carrier_failed(id, why.to_owned());

@@ -116,6 +116,9 @@ pub(crate) struct State {
     /// Streams that finished before their local socket was attached:
     /// the attach still delivers what they received, and their end.
     unattached: HashMap<u32, Arc<StreamIo>>,
+    /// The tasks of the carrier or lanes now running (see `link`), under
+    /// the same lock as the connection that says which are current.
+    pub(crate) slot: CarrierSlot,
 }
 
 impl State {
@@ -123,14 +126,16 @@ impl State {
     pub(crate) fn conn(&self) -> &Connection {
         &self.conn
     }
+
+    pub(crate) fn conn_mut(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
 }
 
 pub(crate) struct Shared {
     pub st: Mutex<State>,
     /// Both sides offered resume: the connection has a link layer.
     pub resumable: bool,
-    /// The current carrier's tasks.
-    pub carrier: Mutex<CarrierSlot>,
     /// `true` while the session has no carrier (waiting for a resume).
     pub detached_tx: watch::Sender<bool>,
     /// Several lanes (a striped session).
@@ -184,7 +189,6 @@ impl Shared {
             striped: conn.is_striped(),
             resumable: conn.link().is_some(),
             lanes_tx: watch::channel(0).0,
-            carrier: Mutex::new(CarrierSlot::default()),
             detached_tx: watch::channel(false).0,
             attach_lock: tokio::sync::Mutex::new(()),
             peer_goodbye: std::sync::atomic::AtomicBool::new(false),
@@ -201,6 +205,7 @@ impl Shared {
                 silent: None,
                 lingering: HashMap::new(),
                 unattached: HashMap::new(),
+                slot: CarrierSlot::default(),
             }),
             wake_writer: Notify::new(),
             quiet: std::sync::atomic::AtomicBool::new(false),
@@ -262,7 +267,7 @@ impl Shared {
         self.dispatch_quiet(st);
     }
 
-    fn dispatch_quiet(self: &Arc<Self>, st: &mut State) {
+    pub(crate) fn dispatch_quiet(self: &Arc<Self>, st: &mut State) {
         while let Some(ev) = st.conn.mux_mut().poll_event() {
             self.on_event(st, ev);
         }
