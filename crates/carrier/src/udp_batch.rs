@@ -61,7 +61,8 @@ pub fn recv_batch(
             sock.as_raw_fd(),
             msgs.as_mut_ptr(),
             n as libc::c_uint,
-            libc::MSG_DONTWAIT,
+            // `as _`: an int on glibc, an unsigned int on musl.
+            libc::MSG_DONTWAIT as _,
             std::ptr::null_mut(),
         )
     };
@@ -82,23 +83,6 @@ pub fn recv_batch(
         }
     }
     Ok(got)
-}
-
-/// Waits until `sock` has datagrams and reads those waiting (see
-/// [`try_recv`]); returns how many, at least one. Cancel-safe:
-/// datagrams are read only in a poll that returns them.
-pub async fn recv(
-    sock: &tokio::net::UdpSocket,
-    bufs: &mut [Vec<u8>],
-    from: &mut [Option<SocketAddr>],
-) -> io::Result<usize> {
-    loop {
-        sock.readable().await?;
-        match try_recv(sock, bufs, from) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            r => return r,
-        }
-    }
 }
 
 /// [`recv_batch`] on a runtime's socket. A short batch also clears the

@@ -100,9 +100,16 @@ impl Fixture {
 }
 
 /// The fixture's folder goes with it, pass or fail: these tests write
-/// gibibytes, and a full temporary disk fails every test after them.
+/// gibibytes, and a full temporary disk fails every test after them. The
+/// server stops first (it could still create files), and a failing
+/// test's server log is printed before it goes.
 impl Drop for Fixture {
     fn drop(&mut self) {
+        let _ = self._server.0.kill();
+        let _ = self._server.0.wait();
+        if std::thread::panicking() {
+            eprintln!("--- server log ---\n{}", self.server_log());
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -315,9 +315,11 @@ fn dropped(dest: &str, why: &str) {
 /// the session is busy. They cost memory only while datagrams wait.
 pub const LISTENER_BUFFERS: usize = 4 << 20;
 
-/// Datagrams a listener reads in one call (`recvmmsg`; its buffers,
-/// 64 KiB each, live as long as the listener).
+/// Datagrams a listener reads in one call (`recvmmsg`, into buffers of
+/// 64 KiB each that live only while it reads: 512 KiB).
 const LISTENER_BATCH: usize = 8;
+/// Datagrams a listener takes before it lets other tasks run.
+const LISTENER_BURST: usize = 64;
 
 /// A UDP socket bound to `addr` (a listener), for the runtime.
 pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
@@ -341,31 +343,58 @@ pub(crate) async fn serve(
 ) {
     let sock = Arc::new(sock);
     let flows = Flows::new(MAX_FLOWS);
-    // One byte more than a frame holds: a longer datagram is seen as such.
-    let mut bufs: Vec<Vec<u8>> = (0..LISTENER_BATCH)
-        .map(|_| Vec::with_capacity(MAX_DATAGRAM + 1))
-        .collect();
-    let mut sources = [None; LISTENER_BATCH];
     let mut sweep = tokio::time::interval(SWEEP);
     tokio::pin!(stop);
     loop {
         tokio::select! {
-            r = udp_batch::recv(&sock, &mut bufs, &mut sources) => {
-                // Errors are ICMP reports for earlier answers: nothing to do.
-                let Ok(n) = r else { continue };
-                for (b, from) in bufs.iter().zip(sources).take(n) {
-                    let Some(from) = from.filter(|_| fits(b.len())) else {
-                        continue;
+            r = sock.readable() => {
+                if r.is_err() {
+                    // The runtime is going away.
+                    return;
+                }
+                let mut sources = [None; LISTENER_BATCH];
+                // One byte more than a frame holds: a longer datagram is
+                // seen as such. Uninitialised, and only for this turn: an
+                // idle listener holds no buffer.
+                let mut bufs: Vec<Vec<u8>> = (0..LISTENER_BATCH)
+                    .map(|_| Vec::with_capacity(MAX_DATAGRAM + 1))
+                    .collect();
+                let mut taken = 0;
+                while taken < LISTENER_BURST {
+                    let n = match udp_batch::try_recv(&sock, &mut bufs, &mut sources) {
+                        Ok(n) => n,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                        // ICMP reports for earlier answers: nothing to do.
+                        Err(_) => {
+                            taken += 1;
+                            continue;
+                        }
                     };
-                    let payload = Bytes::copy_from_slice(b);
-                    let reply = || -> Reply {
-                        let sock = sock.clone();
-                        // A full socket buffer: lost, as on the network.
-                        Box::new(move |d: &[u8]| {
-                            let _ = sock.try_send_to(d, from);
-                        })
-                    };
-                    flows.send(from, &dest, payload, reply, &session);
+                    taken += n;
+                    for (b, from) in bufs.iter().zip(sources).take(n) {
+                        let Some(from) = from.filter(|_| fits(b.len())) else {
+                            continue;
+                        };
+                        let payload = Bytes::copy_from_slice(b);
+                        let reply = || -> Reply {
+                            let sock = sock.clone();
+                            // A full socket buffer: lost, as on the network.
+                            Box::new(move |d: &[u8]| {
+                                let _ = sock.try_send_to(d, from);
+                            })
+                        };
+                        flows.send(from, &dest, payload, reply, &session);
+                    }
+                    if n < LISTENER_BATCH {
+                        // Drained, and the runtime was told.
+                        break;
+                    }
+                }
+                drop(bufs);
+                if taken >= LISTENER_BURST {
+                    // A flood must not keep the runtime (the session's
+                    // driver, other forwards) from running.
+                    tokio::task::yield_now().await;
                 }
             }
             _ = sweep.tick() => flows.expire(),

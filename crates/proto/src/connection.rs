@@ -468,7 +468,7 @@ impl Connection {
         // a lane gone silent (they would be lost there).
         let mut datagrams = VecDeque::new();
         let mut datagram_bytes = 0;
-        let avoid = self.lanes_heard.avoid(lane, now, |c| l.is_current(c));
+        let avoid = crate::lane_quiet::datagrams_avoid(&mut self.lanes_heard, l, lane, now);
         while datagram_bytes < target && !avoid {
             let Some(f) = self.mux.pop_datagram() else {
                 break;
@@ -525,20 +525,21 @@ impl Connection {
     }
 
     /// The lanes that should take the queued datagrams when `lane` avoids
-    /// them (it has gone silent, see `lane_quiet`): the caller wakes their
+    /// them (it has gone silent or stalled, see `lane_quiet`): the caller wakes their
     /// writers. Empty when `lane` takes them itself, or none are queued.
     pub fn datagram_takers(&mut self, lane: CarrierId, now: u64) -> Vec<CarrierId> {
         let Some(l) = self.link.as_ref() else {
             return Vec::new();
         };
-        let current = |c| l.is_current(c);
-        if !self.mux.has_datagrams() || !self.lanes_heard.avoid(lane, now, current) {
+        let heard = &mut self.lanes_heard;
+        let avoid = |heard: &mut _, c| crate::lane_quiet::datagrams_avoid(heard, l, c, now);
+        if !self.mux.has_datagrams() || !avoid(heard, lane) {
             return Vec::new();
         }
         let lanes: Vec<CarrierId> = l.carriers().iter().map(|c| c.0).collect();
         lanes
             .into_iter()
-            .filter(|&c| c != lane && !self.lanes_heard.avoid(c, now, current))
+            .filter(|&c| c != lane && !avoid(heard, c))
             .collect()
     }
 

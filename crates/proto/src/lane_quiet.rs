@@ -1,11 +1,37 @@
 //! Which lanes of a striped session datagrams should avoid: a lane that
-//! has heard nothing for [`QUIET`] while another has heard something. A
-//! datagram is never resent, so one written into a lane that went silent
-//! (a NAT that forgot the flow, a dead path without a reset) is lost;
-//! bytes in chunks are resent, datagrams only avoid such a lane. While
-//! every lane is quiet (an idle session), none is avoided.
+//! has heard nothing for [`QUIET`] while another has heard something, and
+//! a lane whose chunks stalled with nothing it sent acknowledged since
+//! (it may still hear, and no longer send) while another is free of
+//! both. A datagram is never resent, so one written into such a lane (a
+//! NAT that forgot the flow, a dead path without a reset, one direction
+//! black-holed) is lost; bytes in chunks are resent, datagrams only avoid
+//! the lane. While every lane is quiet (an idle session), or every lane
+//! stalled, none is avoided.
+//!
+//! Not seen: a lane that hears and cannot send while it carries no
+//! chunks (only datagrams and ACKs flow): nothing it sends is
+//! acknowledged, so nothing stalls.
 
-use crate::link::CarrierId;
+use crate::link::{CarrierId, LinkLayer};
+
+/// Whether datagrams should avoid lane `lane` of `link` now (see the
+/// module docs).
+pub fn datagrams_avoid(
+    heard: &mut LanesHeard,
+    link: &LinkLayer,
+    lane: CarrierId,
+    now: u64,
+) -> bool {
+    let current = |c| link.is_current(c);
+    if heard.avoid(lane, now, current) {
+        return true;
+    }
+    link.lane_stalled(lane)
+        && link
+            .carriers()
+            .iter()
+            .any(|&(c, _)| c != lane && !link.lane_stalled(c) && !heard.avoid(c, now, current))
+}
 
 /// How long a lane may hear nothing before datagrams avoid it (when
 /// another lane has heard something meanwhile).
@@ -50,8 +76,70 @@ impl LanesHeard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::Frame;
+    use crate::outframe::OutFrame;
+    use std::time::Duration;
 
     const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_lane_whose_chunks_stall_is_avoided_until_it_delivers() {
+        let mut l = LinkLayer::new(
+            1 << 20,
+            1 << 20,
+            2,
+            crate::resume::SessionId([0; 16]),
+            crate::resume::Secret([0; 32]),
+            String::new(),
+        );
+        let (a, b) = (l.attach(0).unwrap(), l.attach(1).unwrap());
+        let ping = || OutFrame::encoded(Frame::Ping { nonce: 1 }.to_bytes().unwrap());
+        let mut h = LanesHeard::default();
+        // Lane a carries a chunk that is never acknowledged, while both
+        // lanes keep hearing the peer.
+        let c = l.next_chunk(a, 64 << 10, 0, |_, out| {
+            out.push_back(ping());
+            false
+        });
+        let len = c.unwrap().len as u64;
+        assert!(!datagrams_avoid(&mut h, &l, a, 0));
+        let t = l.on_tick(1000 * MS, |_| Duration::from_millis(300));
+        assert_eq!(t.stalled, vec![a]);
+        h.heard(a, 1000 * MS);
+        h.heard(b, 1000 * MS);
+        assert!(datagrams_avoid(&mut h, &l, a, 1000 * MS));
+        assert!(!datagrams_avoid(&mut h, &l, b, 1000 * MS));
+        // Lane a's chunk arrives after all: it delivers, and takes
+        // datagrams again.
+        l.on_ack(len).unwrap();
+        assert!(!datagrams_avoid(&mut h, &l, a, 1000 * MS));
+    }
+
+    #[test]
+    fn when_every_lane_stalled_none_is_avoided() {
+        let mut l = LinkLayer::new(
+            1 << 20,
+            1 << 20,
+            2,
+            crate::resume::SessionId([0; 16]),
+            crate::resume::Secret([0; 32]),
+            String::new(),
+        );
+        let (a, b) = (l.attach(0).unwrap(), l.attach(1).unwrap());
+        let ping = || OutFrame::encoded(Frame::Ping { nonce: 1 }.to_bytes().unwrap());
+        for lane in [a, b] {
+            l.next_chunk(lane, 64 << 10, 0, |_, out| {
+                out.push_back(ping());
+                false
+            })
+            .unwrap();
+        }
+        let t = l.on_tick(1000 * MS, |_| Duration::from_millis(300));
+        assert_eq!(t.stalled.len(), 2);
+        let mut h = LanesHeard::default();
+        assert!(!datagrams_avoid(&mut h, &l, a, 1000 * MS));
+        assert!(!datagrams_avoid(&mut h, &l, b, 1000 * MS));
+    }
 
     #[test]
     fn a_lane_silent_while_another_hears_is_avoided() {

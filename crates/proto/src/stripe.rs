@@ -204,6 +204,8 @@ struct Sent {
     at: u64,
     /// Waiting in the queue to be sent again.
     queued: bool,
+    /// Sent more than once: which copy arrived is unknown.
+    again: bool,
 }
 
 /// A chunk to send again: `from..to`, on any lane but `avoid`.
@@ -235,6 +237,7 @@ impl Flight {
             lane,
             at: now,
             queued: false,
+            again: false,
         };
         self.insert(c);
     }
@@ -263,8 +266,15 @@ impl Flight {
             lane: avoid,
             at: now,
             queued: false,
+            again: true,
         });
         self.queue(i);
+    }
+
+    /// The lane that last sent the oldest chunk not acknowledged: the one
+    /// every later chunk's acknowledgement waits for.
+    pub fn oldest_lane(&self) -> Option<u64> {
+        self.chunks.front().map(|c| c.lane)
     }
 
     /// Chunks waiting to be acknowledged.
@@ -278,7 +288,17 @@ impl Flight {
 
     /// The peer has every byte below `acked`.
     pub fn acked(&mut self, acked: u64) {
-        while self.chunks.front().is_some_and(|c| c.end <= acked) {
+        self.acked_by(acked, |_| {});
+    }
+
+    /// Like [`Flight::acked`], telling `delivered` the lane of each chunk
+    /// acknowledged that was sent once only (of one sent again, either
+    /// copy may be the one that arrived).
+    pub fn acked_by(&mut self, acked: u64, mut delivered: impl FnMut(u64)) {
+        while let Some(c) = self.chunks.front().filter(|c| c.end <= acked) {
+            if !c.again {
+                delivered(c.lane);
+            }
             self.chunks.pop_front();
         }
         self.resend.retain(|r| r.to > acked);
@@ -350,6 +370,7 @@ impl Flight {
             c.lane = lane;
             c.at = now;
             c.queued = false;
+            c.again = true;
         }
         self.resent += 1;
     }

@@ -108,7 +108,8 @@ pub(crate) fn spawn_connected(shared: &Arc<Shared>, id: u32, sock: UdpSocket) {
                             let _ = me.with(|m, _| m.send_datagram(id, payload));
                         }
                         if n < BATCH {
-                            // Drained (and the runtime told so).
+                            // Short: the queue was empty (the runtime was
+                            // told, and waits for the next datagram).
                             taken = 0;
                             break;
                         }
@@ -123,6 +124,9 @@ pub(crate) fn spawn_connected(shared: &Arc<Shared>, id: u32, sock: UdpSocket) {
                     Err(_) => taken += 1,
                 }
             }
+            // Never held across a wait: only the flow being read holds
+            // buffers (256 KiB), one per session at a time.
+            drop(bufs);
             if taken >= BURST {
                 tokio::task::yield_now().await;
             }

@@ -9,7 +9,7 @@
 //! the session detached and resumed as a whole, like a single carrier.
 //!
 //! A lane's tasks act only while the link layer holds its id as current
-//! (checked under the link lock): once a lane is dropped, nothing it still
+//! (checked under the session lock): once a lane is dropped, nothing it still
 //! reads is counted and nothing more is taken for it to write, whatever its
 //! tasks are doing at that moment.
 
@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use crate::lane_io::{lane_reader, lane_writer};
 use crate::link::still_current;
 use crate::runtime::Shared;
-use crate::tasks::{CarrierSlot, LaneCounters, LaneStats, LaneTasks, STOP_GRACE};
+use crate::tasks::{CarrierSlot, LaneCounters, LaneStats, LaneTasks, LaneView, STOP_GRACE};
 
 impl Shared {
     /// Starts the tasks of lane `id` (attached in the link layer already).
@@ -134,7 +134,9 @@ impl Shared {
     }
 
     pub(crate) fn lane_stats(&self) -> Vec<LaneStats> {
-        self.slot().lanes.iter().map(LaneTasks::stats).collect()
+        // The probes' TCP_INFO reads happen after the lock is let go.
+        let lanes: Vec<LaneView> = self.slot().lanes.iter().map(LaneView::of).collect();
+        lanes.iter().map(LaneView::stats).collect()
     }
 
     /// The probes of the lanes now running.
@@ -155,9 +157,9 @@ impl Shared {
         // Each lane's patience: its RTO, a few RTTs, and what its socket
         // still has to send ahead of a new chunk.
         let fallback = stall_timeout(slowest_rtt, Duration::from_millis(200), Duration::ZERO);
-        let timeouts: Vec<(CarrierId, u8, Duration)> = self
-            .slot()
-            .lanes
+        // The probes' TCP_INFO reads happen after the lock is let go.
+        let lanes: Vec<LaneView> = self.slot().lanes.iter().map(LaneView::of).collect();
+        let timeouts: Vec<(CarrierId, u8, Duration)> = lanes
             .iter()
             .map(|l| {
                 let t = l

@@ -68,7 +68,25 @@ pub struct LaneStats {
     pub retransmits: u32,
 }
 
-impl LaneTasks {
+/// What the stats and the stall check need of a lane, taken under the
+/// session lock so that its probe is read after it is let go.
+pub(crate) struct LaneView {
+    pub id: CarrierId,
+    pub number: u8,
+    pub probe: Option<Arc<dyn PathProbe>>,
+    pub counters: Arc<LaneCounters>,
+}
+
+impl LaneView {
+    pub fn of(l: &LaneTasks) -> LaneView {
+        LaneView {
+            id: l.id,
+            number: l.number,
+            probe: l.probe.clone(),
+            counters: l.counters.clone(),
+        }
+    }
+
     pub fn stats(&self) -> LaneStats {
         let path = self.probe.as_ref().and_then(|p| p.path());
         LaneStats {
@@ -81,7 +99,9 @@ impl LaneTasks {
             retransmits: path.map_or(0, |p| p.retransmits),
         }
     }
+}
 
+impl LaneTasks {
     pub fn halt(&self) {
         self.reader.abort();
         self.stop.notify_one();

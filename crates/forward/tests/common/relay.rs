@@ -30,6 +30,9 @@ pub struct Relay {
 struct One {
     kill: watch::Sender<bool>,
     silent: Arc<AtomicBool>,
+    /// Client-to-server bytes are read and thrown away (a black hole that
+    /// still takes them); the other way still flows.
+    discard_up: Arc<AtomicBool>,
     /// Still relaying.
     open: Arc<AtomicBool>,
 }
@@ -57,6 +60,7 @@ impl Relay {
                 let one = One {
                     kill: watch::channel(false).0,
                     silent: Arc::new(AtomicBool::new(false)),
+                    discard_up: Arc::new(AtomicBool::new(false)),
                     open: Arc::new(AtomicBool::new(true)),
                 };
                 e.lock().unwrap().push(one.clone());
@@ -94,6 +98,15 @@ impl Relay {
     pub fn silence_one(&self, i: usize) {
         self.each.lock().unwrap()[i]
             .silent
+            .store(true, Ordering::SeqCst);
+    }
+
+    /// From now on connection `i` throws away what the client sends (it
+    /// still reads it, so the client's socket never fills), and still
+    /// forwards what the server sends: a lane that hears and cannot send.
+    pub fn black_hole_upstream(&self, i: usize) {
+        self.each.lock().unwrap()[i]
+            .discard_up
             .store(true, Ordering::SeqCst);
     }
 
@@ -149,8 +162,12 @@ async fn pair(
     let (ar, aw) = a.into_split();
     let (br, bw) = b.into_split();
     let quiet = [&*silent, &*one.silent];
+    let never = AtomicBool::new(false);
     let copy = async {
-        tokio::join!(one_way(ar, bw, &quiet), one_way(br, aw, &quiet));
+        tokio::join!(
+            one_way(ar, bw, &quiet, &one.discard_up),
+            one_way(br, aw, &quiet, &never)
+        );
     };
     let start = *kill.borrow_and_update();
     let mut kill_one = one.kill.subscribe();
@@ -168,6 +185,7 @@ async fn one_way(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     silent: &[&AtomicBool; 2],
+    discard: &AtomicBool,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -175,6 +193,9 @@ async fn one_way(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if discard.load(Ordering::SeqCst) {
+            continue;
+        }
         while silent.iter().any(|s| s.load(Ordering::SeqCst)) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

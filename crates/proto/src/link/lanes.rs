@@ -63,6 +63,11 @@ pub(super) struct Stripes {
     pub goodbye_sent: bool,
     /// When a stalled lane may be logged again.
     next_stall_log: u64,
+    /// Lanes whose chunks stalled, with none they sent acknowledged since:
+    /// datagrams avoid them (a lane may still hear and no longer send,
+    /// and a datagram written into it is lost). At most one entry per
+    /// lane ever attached, and lanes gone are dropped at each tick.
+    pub stalled: Vec<CarrierId>,
 }
 
 impl Stripes {
@@ -78,6 +83,7 @@ impl Stripes {
             datagrams_seen: false,
             goodbye_sent: false,
             next_stall_log: 0,
+            stalled: Vec::new(),
         }
     }
 
@@ -87,6 +93,7 @@ impl Stripes {
         self.reorder.reset();
         self.flight.reset();
         self.owed.clear();
+        self.stalled.clear();
         let mut at = from;
         let (mut size, mut frames) = (0usize, 0usize);
         for f in resend {
@@ -387,6 +394,14 @@ impl LinkLayer {
         } else {
             Vec::new()
         };
+        s.stalled.retain(|l| live.contains(l));
+        // Acknowledgements are cumulative: every lane's chunks stall behind
+        // one lost chunk, but only the lane that lost the oldest is at
+        // fault.
+        let culprit = s.flight.oldest_lane().filter(|l| stalled.contains(l));
+        if let Some(l) = culprit.filter(|l| !s.stalled.contains(l)) {
+            s.stalled.push(l);
+        }
         let datagrams = std::mem::take(&mut s.datagrams_seen);
         if received || !stalled.is_empty() || datagrams {
             // Something arrived since the last ACK; or a lane stalled, and

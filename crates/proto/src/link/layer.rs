@@ -153,6 +153,14 @@ impl LinkLayer {
     /// The one check of every input and every take: is `carrier` attached
     /// now? Whatever a carrier that is gone still reads is not counted,
     /// and nothing more is given to it to write.
+    /// Lane `lane`'s chunks stalled, and nothing it sent since was
+    /// acknowledged (striped sessions; see `lane_quiet`).
+    pub fn lane_stalled(&self, lane: CarrierId) -> bool {
+        self.stripes
+            .as_ref()
+            .is_some_and(|s| s.stalled.contains(&lane))
+    }
+
     pub fn is_current(&self, carrier: CarrierId) -> bool {
         self.carriers.iter().any(|c| c.id == carrier)
     }
@@ -417,7 +425,11 @@ impl LinkLayer {
             return Ok(false);
         }
         let freed = self.replay.ack(received)?;
-        s.flight.acked(self.replay.acked());
+        let stalled = &mut s.stalled;
+        s.flight.acked_by(self.replay.acked(), |lane| {
+            // It delivered again: datagrams may take it again.
+            stalled.retain(|l| *l != lane);
+        });
         Ok(freed)
     }
 
