@@ -340,8 +340,8 @@ async fn datagrams_keep_flowing_while_a_lane_is_stalled() {
 /// (its socket never fills: a black hole that still takes the bytes),
 /// while a bulk upload runs beside: the lane's chunks stall, and from
 /// then on datagrams avoid it until something it sent is acknowledged.
-/// (Measured: see the test's output; without the stall rule the lane
-/// keeps taking a share of the datagrams, all lost.)
+/// (Without the stall rule the lane keeps taking a share of the
+/// datagrams, all lost.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn datagrams_avoid_a_lane_that_hears_but_cannot_send() {
     datagrams_beside_a_bad_lane(BadLane::HearsButCannotSend).await;
@@ -478,8 +478,15 @@ async fn datagrams_beside_a_bad_lane(bad: BadLane) {
         "{bad:?}: {} of 150 datagrams came back, p90 round trip {p90:?}",
         back.len()
     );
+    // A lane that stops hearing counts as silent after half a second; one
+    // that still hears is caught by its first stalled chunk, sooner
+    // (measured 145–149 of 150; 95–135 without the stall rule).
+    let least = match bad {
+        BadLane::Silent => 120,
+        BadLane::HearsButCannotSend => 140,
+    };
     assert!(
-        back.len() >= 120,
+        back.len() >= least,
         "{} of 150 datagrams came back",
         back.len()
     );

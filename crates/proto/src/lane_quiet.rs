@@ -134,11 +134,20 @@ mod tests {
             })
             .unwrap();
         }
+        // Both lanes' chunks wait, but only the lane holding the oldest is
+        // at fault (the other's wait behind it, acknowledgements being
+        // cumulative).
         let t = l.on_tick(1000 * MS, |_| Duration::from_millis(300));
         assert_eq!(t.stalled.len(), 2);
+        assert!(l.lane_stalled(a) && !l.lane_stalled(b));
+        // Lane b sends a's chunk again, and that stalls too.
+        let c = l.next_chunk(b, 64 << 10, 1000 * MS, |_, _| false).unwrap();
+        assert!(c.resent);
+        l.on_tick(2000 * MS, |_| Duration::from_millis(300));
+        assert!(l.lane_stalled(a) && l.lane_stalled(b));
         let mut h = LanesHeard::default();
-        assert!(!datagrams_avoid(&mut h, &l, a, 1000 * MS));
-        assert!(!datagrams_avoid(&mut h, &l, b, 1000 * MS));
+        assert!(!datagrams_avoid(&mut h, &l, a, 2000 * MS));
+        assert!(!datagrams_avoid(&mut h, &l, b, 2000 * MS));
     }
 
     #[test]
