@@ -88,10 +88,18 @@ pub fn recv_batch(
 /// [`recv_batch`] on a runtime's socket. A short batch also clears the
 /// runtime's readiness, so that the next wait starts at once instead of
 /// first finding the socket empty. `WouldBlock`: none waited.
+///
+/// `connected`: the socket is `connect`ed, so ICMP errors for its sends
+/// are reported on it. The kernel reports a pending error before the
+/// next datagram, so an error arriving during the call cuts the batch
+/// short while datagrams still wait, and no new wake-up comes for them:
+/// a short batch then checks for (and takes) the error, and keeps the
+/// readiness if there was one.
 pub fn try_recv(
     sock: &tokio::net::UdpSocket,
     bufs: &mut [Vec<u8>],
     from: &mut [Option<SocketAddr>],
+    connected: bool,
 ) -> io::Result<usize> {
     let want = bufs.len().min(MAX_BATCH);
     if want == 0 {
@@ -103,7 +111,8 @@ pub fn try_recv(
     // short batch too, after keeping what it read.
     let r = sock.try_io(tokio::io::Interest::READABLE, || {
         got = recv_batch(sock, bufs, from)?;
-        match got < want {
+        let cut_by_error = || connected && matches!(sock.take_error(), Ok(Some(_)));
+        match got < want && !cut_by_error() {
             true => Err(io::ErrorKind::WouldBlock.into()),
             false => Ok(()),
         }

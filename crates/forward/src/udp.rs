@@ -360,14 +360,21 @@ pub(crate) async fn serve(
                     .map(|_| Vec::with_capacity(MAX_DATAGRAM + 1))
                     .collect();
                 let mut taken = 0;
+                let mut failed = false;
                 while taken < LISTENER_BURST {
-                    let n = match udp_batch::try_recv(&sock, &mut bufs, &mut sources) {
+                    // Not connected: no ICMP reports come here (without
+                    // IP_RECVERR), so a short batch means drained.
+                    let n = match udp_batch::try_recv(&sock, &mut bufs, &mut sources, false) {
                         Ok(n) => n,
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                        // ICMP reports for earlier answers: nothing to do.
-                        Err(_) => {
-                            taken += 1;
-                            continue;
+                        Err(e) => {
+                            // Out of memory and the like: nothing to read
+                            // now; pause rather than spin on it.
+                            if DROPS.pass("UDP listener errors") {
+                                tracing::warn!("UDP listener: {e}");
+                            }
+                            failed = true;
+                            break;
                         }
                     };
                     taken += n;
@@ -391,7 +398,9 @@ pub(crate) async fn serve(
                     }
                 }
                 drop(bufs);
-                if taken >= LISTENER_BURST {
+                if failed {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                } else if taken >= LISTENER_BURST {
                     // A flood must not keep the runtime (the session's
                     // driver, other forwards) from running.
                     tokio::task::yield_now().await;

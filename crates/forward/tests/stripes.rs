@@ -478,18 +478,17 @@ async fn datagrams_beside_a_bad_lane(bad: BadLane) {
         "{bad:?}: {} of 150 datagrams came back, p90 round trip {p90:?}",
         back.len()
     );
-    // A lane that stops hearing counts as silent after half a second; one
-    // that still hears is caught by its first stalled chunk, sooner
-    // (measured 145–149 of 150; 95–135 without the stall rule).
-    let least = match bad {
-        BadLane::Silent => 120,
-        BadLane::HearsButCannotSend => 140,
-    };
     assert!(
-        back.len() >= least,
+        back.len() >= 120,
         "{} of 150 datagrams came back",
         back.len()
     );
+    // Once the bad lane is found (half a second of silence, or its first
+    // stalled chunk) no datagram goes into it: none of the second half is
+    // lost. (Measured: none; 7–11 without the stall rule, the lane still
+    // taking its share.)
+    let late_lost = (75..150).filter(|k| !back.contains_key(k)).count();
+    assert!(late_lost <= 3, "{late_lost} of the last 75 datagrams lost");
     assert!(p90 < Duration::from_millis(100), "p90 round trip {p90:?}");
     assert!(!client.session().is_closed());
 }

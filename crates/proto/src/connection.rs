@@ -465,7 +465,7 @@ impl Connection {
         }
         // Datagrams first, outside the chunk: never sequenced, so never
         // waiting in the peer's reorder buffer behind another lane; not on
-        // a lane gone silent (they would be lost there).
+        // a lane gone silent or stalled (they would be lost there).
         let mut datagrams = VecDeque::new();
         let mut datagram_bytes = 0;
         let avoid = crate::lane_quiet::datagrams_avoid(&mut self.lanes_heard, l, lane, now);

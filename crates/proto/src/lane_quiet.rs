@@ -77,6 +77,7 @@ impl LanesHeard {
 mod tests {
     use super::*;
     use crate::frame::Frame;
+    use crate::link::STALL_MARK_TTL;
     use crate::outframe::OutFrame;
     use std::time::Duration;
 
@@ -113,6 +114,43 @@ mod tests {
         // datagrams again.
         l.on_ack(len).unwrap();
         assert!(!datagrams_avoid(&mut h, &l, a, 1000 * MS));
+    }
+
+    #[test]
+    fn the_lane_sending_the_lost_chunk_again_is_not_blamed_and_marks_expire() {
+        let mut l = LinkLayer::new(
+            1 << 20,
+            1 << 20,
+            3,
+            crate::resume::SessionId([0; 16]),
+            crate::resume::Secret([0; 32]),
+            String::new(),
+        );
+        let (a, b) = (l.attach(0).unwrap(), l.attach(1).unwrap());
+        let ping = || OutFrame::encoded(Frame::Ping { nonce: 1 }.to_bytes().unwrap());
+        for lane in [a, b] {
+            l.next_chunk(lane, 64 << 10, 0, |_, out| {
+                out.push_back(ping());
+                false
+            })
+            .unwrap();
+        }
+        let patience = |_| Duration::from_millis(300);
+        l.on_tick(1000 * MS, patience);
+        assert!(l.lane_stalled(a) && !l.lane_stalled(b));
+        // b sends a's chunk again; while that copy travels, b's own chunk
+        // (waiting behind it) stalling is not b's fault.
+        assert!(
+            l.next_chunk(b, 64 << 10, 1000 * MS, |_, _| false)
+                .unwrap()
+                .resent
+        );
+        l.on_tick(1100 * MS, patience);
+        assert!(!l.lane_stalled(b));
+        // A mark lasts a few seconds at most.
+        assert!(l.lane_stalled(a));
+        l.on_tick(1000 * MS + STALL_MARK_TTL, patience);
+        assert!(!l.lane_stalled(a));
     }
 
     #[test]

@@ -208,6 +208,16 @@ struct Sent {
     again: bool,
 }
 
+/// The oldest chunk in flight, as [`Flight::oldest`] tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Oldest {
+    /// The lane that sent it last, and when.
+    pub lane: u64,
+    pub at: u64,
+    /// Queued to be sent again.
+    pub queued: bool,
+}
+
 /// A chunk to send again: `from..to`, on any lane but `avoid`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Resend {
@@ -271,10 +281,14 @@ impl Flight {
         self.queue(i);
     }
 
-    /// The lane that last sent the oldest chunk not acknowledged: the one
-    /// every later chunk's acknowledgement waits for.
-    pub fn oldest_lane(&self) -> Option<u64> {
-        self.chunks.front().map(|c| c.lane)
+    /// The oldest chunk not acknowledged: the one every later chunk's
+    /// acknowledgement waits for.
+    pub fn oldest(&self) -> Option<Oldest> {
+        self.chunks.front().map(|c| Oldest {
+            lane: c.lane,
+            at: c.at,
+            queued: c.queued,
+        })
     }
 
     /// Chunks waiting to be acknowledged.
@@ -288,16 +302,16 @@ impl Flight {
 
     /// The peer has every byte below `acked`.
     pub fn acked(&mut self, acked: u64) {
-        self.acked_by(acked, |_| {});
+        self.acked_by(acked, |_, _| {});
     }
 
-    /// Like [`Flight::acked`], telling `delivered` the lane of each chunk
-    /// acknowledged that was sent once only (of one sent again, either
-    /// copy may be the one that arrived).
-    pub fn acked_by(&mut self, acked: u64, mut delivered: impl FnMut(u64)) {
+    /// Like [`Flight::acked`], telling `delivered` the lane and send time
+    /// of each chunk acknowledged that was sent once only (of one sent
+    /// again, either copy may be the one that arrived).
+    pub fn acked_by(&mut self, acked: u64, mut delivered: impl FnMut(u64, u64)) {
         while let Some(c) = self.chunks.front().filter(|c| c.end <= acked) {
             if !c.again {
-                delivered(c.lane);
+                delivered(c.lane, c.at);
             }
             self.chunks.pop_front();
         }

@@ -99,7 +99,7 @@ pub(crate) fn spawn_connected(shared: &Arc<Shared>, id: u32, sock: UdpSocket) {
                 .collect();
             let mut taken = 0;
             while taken < BURST {
-                match udp_batch::try_recv(&sock, &mut bufs, &mut []) {
+                match udp_batch::try_recv(&sock, &mut bufs, &mut [], true) {
                     Ok(n) => {
                         taken += n;
                         for b in bufs.iter().take(n).filter(|b| b.len() <= MAX_DATAGRAM) {

@@ -80,8 +80,9 @@ fn take_job(shared: &Arc<Shared>, id: CarrierId, target: usize) -> LaneOutput {
         (out, c.datagram_takers(id, now))
     });
     if !takers.is_empty() {
-        // This lane is silent: the queued datagrams are for the lanes that
-        // hear (never one that avoids them too: no kicking back and forth).
+        // This lane is silent or stalled: the queued datagrams are for the
+        // lanes that are not (never one that avoids them too: no kicking
+        // back and forth).
         shared.wake_lanes_of(&takers);
     }
     if let LaneOutput::Chunk(c) = &out {

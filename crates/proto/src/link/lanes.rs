@@ -42,6 +42,22 @@ const STALL_LOG_EVERY: Duration = Duration::from_secs(5);
 /// A lane id no lane has: chunks to send again on any lane.
 const ANY_LANE: CarrierId = CarrierId::MAX;
 
+/// How long a lane stays marked as stalled at most: a lane that only
+/// lagged is not avoided for long, and one still bad is marked again by
+/// its next chunk that stalls.
+pub const STALL_MARK_TTL: u64 = 3_000_000_000;
+
+/// A lane found holding the oldest chunk past its stall timeout: the
+/// chunk every other is waiting for, so this lane lost it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StallMark {
+    pub lane: CarrierId,
+    /// When the lane sent the chunk it lost: only a chunk it sent later,
+    /// and once only, proves it delivers again.
+    pub sent: u64,
+    pub marked: u64,
+}
+
 /// The link layer's extra state in a striped session.
 #[derive(Debug)]
 pub(super) struct Stripes {
@@ -63,11 +79,11 @@ pub(super) struct Stripes {
     pub goodbye_sent: bool,
     /// When a stalled lane may be logged again.
     next_stall_log: u64,
-    /// Lanes whose chunks stalled, with none they sent acknowledged since:
-    /// datagrams avoid them (a lane may still hear and no longer send,
-    /// and a datagram written into it is lost). At most one entry per
-    /// lane ever attached, and lanes gone are dropped at each tick.
-    pub stalled: Vec<CarrierId>,
+    /// Lanes that lost a chunk (see [`StallMark`]): datagrams avoid them
+    /// (a lane may still hear and no longer send, and a datagram written
+    /// into it is lost). At most one per lane, lanes gone and marks past
+    /// [`STALL_MARK_TTL`] dropped at each tick.
+    pub stalled: Vec<StallMark>,
 }
 
 impl Stripes {
@@ -389,18 +405,25 @@ impl LinkLayer {
         let Some(s) = self.stripes.as_mut() else {
             return Tick::default();
         };
+        // Acknowledgements are cumulative: every lane's chunks stall behind
+        // one lost chunk, and only the lane that lost the oldest is at
+        // fault — when that chunk itself stalled now (not a copy still on
+        // its way, sent again by another lane).
+        let before = s.flight.oldest().filter(|o| !o.queued);
         let stalled = if several {
             s.flight.check_stall(now, timeout)
         } else {
             Vec::new()
         };
-        s.stalled.retain(|l| live.contains(l));
-        // Acknowledgements are cumulative: every lane's chunks stall behind
-        // one lost chunk, but only the lane that lost the oldest is at
-        // fault.
-        let culprit = s.flight.oldest_lane().filter(|l| stalled.contains(l));
-        if let Some(l) = culprit.filter(|l| !s.stalled.contains(l)) {
-            s.stalled.push(l);
+        s.stalled
+            .retain(|m| live.contains(&m.lane) && now.saturating_sub(m.marked) < STALL_MARK_TTL);
+        let culprit = before.filter(|_| s.flight.oldest().is_some_and(|o| o.queued));
+        if let Some(o) = culprit.filter(|o| !s.stalled.iter().any(|m| m.lane == o.lane)) {
+            s.stalled.push(StallMark {
+                lane: o.lane,
+                sent: o.at,
+                marked: now,
+            });
         }
         let datagrams = std::mem::take(&mut s.datagrams_seen);
         if received || !stalled.is_empty() || datagrams {

@@ -150,17 +150,17 @@ impl LinkLayer {
         self.carriers.iter().map(|c| (c.id, c.number)).collect()
     }
 
-    /// The one check of every input and every take: is `carrier` attached
-    /// now? Whatever a carrier that is gone still reads is not counted,
-    /// and nothing more is given to it to write.
     /// Lane `lane`'s chunks stalled, and nothing it sent since was
     /// acknowledged (striped sessions; see `lane_quiet`).
     pub fn lane_stalled(&self, lane: CarrierId) -> bool {
         self.stripes
             .as_ref()
-            .is_some_and(|s| s.stalled.contains(&lane))
+            .is_some_and(|s| s.stalled.iter().any(|m| m.lane == lane))
     }
 
+    /// The one check of every input and every take: is `carrier` attached
+    /// now? Whatever a carrier that is gone still reads is not counted,
+    /// and nothing more is given to it to write.
     pub fn is_current(&self, carrier: CarrierId) -> bool {
         self.carriers.iter().any(|c| c.id == carrier)
     }
@@ -426,9 +426,10 @@ impl LinkLayer {
         }
         let freed = self.replay.ack(received)?;
         let stalled = &mut s.stalled;
-        s.flight.acked_by(self.replay.acked(), |lane| {
-            // It delivered again: datagrams may take it again.
-            stalled.retain(|l| *l != lane);
+        s.flight.acked_by(self.replay.acked(), |lane, at| {
+            // The chunk it was blamed for, or one it sent after, arrived
+            // as it sent it (TCP keeps a connection's order): it delivers.
+            stalled.retain(|m| m.lane != lane || at < m.sent);
         });
         Ok(freed)
     }

@@ -30,6 +30,6 @@ mod lanes;
 mod layer;
 mod replay;
 
-pub use lanes::{Budget, Chunk, Tick, CHUNK_FILL, MAX_CHUNK_FRAMES};
+pub use lanes::{Budget, Chunk, StallMark, Tick, CHUNK_FILL, MAX_CHUNK_FRAMES, STALL_MARK_TTL};
 pub use layer::{AttachRefused, CarrierId, Input, LinkLayer, Lost};
 pub use replay::*;
