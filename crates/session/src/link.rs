@@ -18,7 +18,7 @@ use std::sync::{Arc, MutexGuard};
 use longhaul_carrier::Carrier;
 use longhaul_proto::connection::Loss;
 use longhaul_proto::frame::DecodeLimits;
-use longhaul_proto::link::{CarrierId, Lost, DEFAULT_REPLAY_LIMIT};
+use longhaul_proto::link::{CarrierId, LinkLayer, Lost, DEFAULT_REPLAY_LIMIT};
 use longhaul_proto::outframe::OutFrame;
 use tokio::sync::Notify;
 
@@ -62,6 +62,22 @@ impl std::ops::DerefMut for SlotGuard<'_> {
     }
 }
 
+/// The link layer of a resumable session, held under the session lock.
+pub(crate) struct LinkGuard<'a>(MutexGuard<'a, State>);
+
+impl std::ops::Deref for LinkGuard<'_> {
+    type Target = LinkLayer;
+    fn deref(&self) -> &LinkLayer {
+        self.0.conn().link().expect("checked when made")
+    }
+}
+
+impl std::ops::DerefMut for LinkGuard<'_> {
+    fn deref_mut(&mut self) -> &mut LinkLayer {
+        self.0.conn_mut().link_mut().expect("checked when made")
+    }
+}
+
 /// Whether carrier `id` is still current (always, without a link layer):
 /// asked under the session lock before a carrier's tasks start, so that
 /// one lost between its attach and this point (a silence found meanwhile)
@@ -72,6 +88,13 @@ pub(crate) fn still_current(st: &State, id: CarrierId) -> bool {
 }
 
 impl Shared {
+    /// The link layer, under the session lock (resumable sessions; takes
+    /// the lock: never call it while holding that).
+    pub(crate) fn link(&self) -> Option<LinkGuard<'_>> {
+        let st = self.lock();
+        st.conn().link().is_some().then_some(LinkGuard(st))
+    }
+
     /// The carrier's tasks (takes the session lock: never call it while
     /// holding that).
     pub(crate) fn slot(&self) -> SlotGuard<'_> {

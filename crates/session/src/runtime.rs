@@ -20,7 +20,6 @@ use crate::local::LocalStream;
 use crate::stream_io::StreamIo;
 use crate::tasks::CarrierSlot;
 use longhaul_proto::frame::Reason;
-use longhaul_proto::link::LinkLayer;
 use longhaul_proto::outframe::OutFrame;
 
 /// What a session does when the peer opens a stream or asks for a reverse
@@ -444,12 +443,6 @@ impl Shared {
         self.lock().conn.on_written(batch, n);
     }
 
-    /// The link layer, under the session lock (resumable sessions).
-    pub(crate) fn link(&self) -> Option<LinkGuard<'_>> {
-        let st = self.lock();
-        st.conn.link().is_some().then_some(LinkGuard(st))
-    }
-
     /// Opens a stream: registers its runtime side and the opener's reply.
     pub fn open_stream(
         self: &Arc<Self>,
@@ -584,21 +577,5 @@ impl Shared {
             }
             None => task.abort(),
         }
-    }
-}
-
-/// The link layer of a resumable session, held under the session lock.
-pub(crate) struct LinkGuard<'a>(MutexGuard<'a, State>);
-
-impl std::ops::Deref for LinkGuard<'_> {
-    type Target = LinkLayer;
-    fn deref(&self) -> &LinkLayer {
-        self.0.conn.link().expect("checked when made")
-    }
-}
-
-impl std::ops::DerefMut for LinkGuard<'_> {
-    fn deref_mut(&mut self) -> &mut LinkLayer {
-        self.0.conn.link_mut().expect("checked when made")
     }
 }
