@@ -83,26 +83,37 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
-    #[test]
-    fn a_lane_whose_chunks_stall_is_avoided_until_it_delivers() {
+    /// A striped link layer of `wanted` lanes, two of them attached.
+    fn striped(wanted: u8) -> (LinkLayer, CarrierId, CarrierId) {
         let mut l = LinkLayer::new(
             1 << 20,
             1 << 20,
-            2,
+            wanted,
             crate::resume::SessionId([0; 16]),
             crate::resume::Secret([0; 32]),
             String::new(),
         );
         let (a, b) = (l.attach(0).unwrap(), l.attach(1).unwrap());
-        let ping = || OutFrame::encoded(Frame::Ping { nonce: 1 }.to_bytes().unwrap());
+        (l, a, b)
+    }
+
+    /// Lane `lane` sends a chunk holding a PING at time 0; its length.
+    fn ping_on(l: &mut LinkLayer, lane: CarrierId) -> u64 {
+        let ping = OutFrame::encoded(Frame::Ping { nonce: 1 }.to_bytes().unwrap());
+        let c = l.next_chunk(lane, 64 << 10, 0, |_, out| {
+            out.push_back(ping);
+            false
+        });
+        c.unwrap().len as u64
+    }
+
+    #[test]
+    fn a_lane_whose_chunks_stall_is_avoided_until_it_delivers() {
+        let (mut l, a, b) = striped(2);
         let mut h = LanesHeard::default();
         // Lane a carries a chunk that is never acknowledged, while both
         // lanes keep hearing the peer.
-        let c = l.next_chunk(a, 64 << 10, 0, |_, out| {
-            out.push_back(ping());
-            false
-        });
-        let len = c.unwrap().len as u64;
+        let len = ping_on(&mut l, a);
         assert!(!datagrams_avoid(&mut h, &l, a, 0));
         let t = l.on_tick(1000 * MS, |_| Duration::from_millis(300));
         assert_eq!(t.stalled, vec![a]);
@@ -118,22 +129,9 @@ mod tests {
 
     #[test]
     fn the_lane_sending_the_lost_chunk_again_is_not_blamed_and_marks_expire() {
-        let mut l = LinkLayer::new(
-            1 << 20,
-            1 << 20,
-            3,
-            crate::resume::SessionId([0; 16]),
-            crate::resume::Secret([0; 32]),
-            String::new(),
-        );
-        let (a, b) = (l.attach(0).unwrap(), l.attach(1).unwrap());
-        let ping = || OutFrame::encoded(Frame::Ping { nonce: 1 }.to_bytes().unwrap());
+        let (mut l, a, b) = striped(3);
         for lane in [a, b] {
-            l.next_chunk(lane, 64 << 10, 0, |_, out| {
-                out.push_back(ping());
-                false
-            })
-            .unwrap();
+            ping_on(&mut l, lane);
         }
         let patience = |_| Duration::from_millis(300);
         l.on_tick(1000 * MS, patience);
@@ -155,22 +153,9 @@ mod tests {
 
     #[test]
     fn when_every_lane_stalled_none_is_avoided() {
-        let mut l = LinkLayer::new(
-            1 << 20,
-            1 << 20,
-            2,
-            crate::resume::SessionId([0; 16]),
-            crate::resume::Secret([0; 32]),
-            String::new(),
-        );
-        let (a, b) = (l.attach(0).unwrap(), l.attach(1).unwrap());
-        let ping = || OutFrame::encoded(Frame::Ping { nonce: 1 }.to_bytes().unwrap());
+        let (mut l, a, b) = striped(2);
         for lane in [a, b] {
-            l.next_chunk(lane, 64 << 10, 0, |_, out| {
-                out.push_back(ping());
-                false
-            })
-            .unwrap();
+            ping_on(&mut l, lane);
         }
         // Both lanes' chunks wait, but only the lane holding the oldest is
         // at fault (the other's wait behind it, acknowledgements being
