@@ -1,6 +1,7 @@
 """What the loopback benchmark scripts share: ports, processes, memory.
 
-Imported by fleet_bench.py and many_sessions.py (same folder)."""
+Imported by fleet_bench.py, many_sessions.py, session_memory.py and
+stream_memory.py (same folder)."""
 import socket
 import time
 

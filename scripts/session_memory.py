@@ -11,26 +11,13 @@ Loopback only; every process started here is killed by PID at the end.
 """
 import os, socket, subprocess, sys, tempfile, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loopback import free_port, rss_kib  # noqa: E402
+
 LH = os.environ.get("LH", "target/release/longhaul")
 n = next((int(a) for a in sys.argv[1:] if a.isdigit()), 200)
 tls = "--tls" in sys.argv
 procs = []
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 try:

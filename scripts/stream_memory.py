@@ -21,31 +21,8 @@ import sys
 import threading
 import time
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
-def wait_port(port):
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port)).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    sys.exit(f"port {port} never opened")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loopback import free_port, rss_kib, wait_port  # noqa: E402
 
 
 TARGET = r"""
