@@ -300,15 +300,10 @@ impl Flight {
         self.chunks.is_empty()
     }
 
-    /// The peer has every byte below `acked`.
-    pub fn acked(&mut self, acked: u64) {
-        self.acked_by(acked, |_, _| {});
-    }
-
-    /// Like [`Flight::acked`], telling `delivered` the lane and send time
-    /// of each chunk acknowledged that was sent once only (of one sent
-    /// again, either copy may be the one that arrived).
-    pub fn acked_by(&mut self, acked: u64, mut delivered: impl FnMut(u64, u64)) {
+    /// The peer has every byte below `acked`. Tells `delivered` the lane
+    /// and send time of each chunk acknowledged that was sent once only
+    /// (of one sent again, either copy may be the one that arrived).
+    pub fn acked(&mut self, acked: u64, mut delivered: impl FnMut(u64, u64)) {
         while let Some(c) = self.chunks.front().filter(|c| c.end <= acked) {
             if !c.again {
                 delivered(c.lane, c.at);
@@ -485,9 +480,9 @@ mod tests {
         let r = f.take_resend(2, live).unwrap();
         assert_eq!((r.from, r.to, r.avoid), (0, 100, 1));
         f.resending(0, 2, 300);
-        f.acked(100);
+        f.acked(100, |_, _| {});
         // The second chunk of lane 1 is still queued; acked past it, gone.
-        f.acked(300);
+        f.acked(300, |_, _| {});
         assert_eq!(f.take_resend(2, live), None);
         assert!(f.is_empty());
         f.sent(300, 10, 3, 400);

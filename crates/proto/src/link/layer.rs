@@ -426,7 +426,7 @@ impl LinkLayer {
         }
         let freed = self.replay.ack(received)?;
         let stalled = &mut s.stalled;
-        s.flight.acked_by(self.replay.acked(), |lane, at| {
+        s.flight.acked(self.replay.acked(), |lane, at| {
             // The chunk it was blamed for, or one it sent after, arrived
             // as it sent it (TCP keeps a connection's order): it delivers.
             stalled.retain(|m| m.lane != lane || at < m.sent);
