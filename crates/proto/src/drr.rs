@@ -13,7 +13,7 @@
 //! sending a small request after a pause goes out next instead of waiting a
 //! whole round behind every bulk stream's quantum.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 /// Anything with a length in bytes.
 pub trait HasLen {
@@ -36,7 +36,7 @@ struct Flow<T> {
 /// Per-stream queues served in deficit round-robin order.
 #[derive(Debug)]
 pub struct Drr<T> {
-    flows: HashMap<u32, Flow<T>>,
+    flows: crate::StreamMap<Flow<T>>,
     /// Streams that just became active: served first, one quantum each.
     new: VecDeque<u32>,
     /// The round of busy streams.
@@ -48,7 +48,7 @@ pub struct Drr<T> {
 impl<T: HasLen> Drr<T> {
     pub fn new(quantum: usize) -> Drr<T> {
         Drr {
-            flows: HashMap::new(),
+            flows: Default::default(),
             new: VecDeque::new(),
             old: VecDeque::new(),
             quantum: quantum.max(1),
@@ -169,6 +169,7 @@ impl<T: HasLen> Drr<T> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::HashMap;
 
     #[derive(Debug, PartialEq)]
     struct Item(u32, usize);

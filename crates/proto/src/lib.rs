@@ -32,6 +32,12 @@
 //!   kept apart so DATA is never copied.
 #![forbid(unsafe_code)]
 
+/// A table keyed by stream id. Hashed with foldhash, seeded per table at
+/// random like the standard library's SipHash (so a peer choosing ids
+/// cannot aim for collisions), at a fraction of its cost: every frame
+/// looks its stream up several times.
+pub type StreamMap<V> = std::collections::HashMap<u32, V, foldhash::fast::RandomState>;
+
 pub mod connection;
 pub mod dest;
 pub mod drr;

@@ -29,18 +29,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::task::{Wake, Waker};
 
 use futures_util::future::FutureExt;
 use futures_util::task::AtomicWaker;
-use tokio::sync::mpsc;
 
 type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Hands futures to the session's driver task.
 pub(crate) struct Driver {
-    tx: mpsc::UnboundedSender<(Job, Arc<JobState>)>,
     queue: Arc<ReadyQueue>,
 }
 
@@ -49,14 +47,16 @@ impl Driver {
     /// future it was given has ended and the `Driver` is dropped (the
     /// session's state with it).
     pub fn start() -> Driver {
-        let (tx, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(ReadyQueue {
             slots: Mutex::new(VecDeque::new()),
+            incoming: Mutex::new(Incoming::default()),
+            has_incoming: AtomicBool::new(false),
+            dropped: AtomicBool::new(false),
             polling: AtomicBool::new(false),
             task: AtomicWaker::new(),
         });
-        tokio::spawn(drive(rx, queue.clone()));
-        Driver { tx, queue }
+        tokio::spawn(drive(queue.clone()));
+        Driver { queue }
     }
 
     /// Runs `fut` in the driver. The [`Task`] can stop it, tell whether it
@@ -85,13 +85,36 @@ impl Driver {
                 tracing::error!("a session task panicked: {what}");
             }
         }));
-        if let Err(mpsc::error::SendError((job, _))) = self.tx.send((job, state.clone())) {
+        let refused = {
+            let mut incoming = self.queue.incoming();
+            if incoming.gone {
+                Some(job)
+            } else {
+                incoming.jobs.push((job, state.clone()));
+                None
+            }
+        };
+        match refused {
             // The driver is gone (its runtime is shutting down): the
             // session's tasks are gone with it.
-            drop_quietly(job);
-            state.finish();
+            Some(job) => {
+                drop_quietly(job);
+                state.finish();
+            }
+            None => {
+                self.queue.has_incoming.store(true, Ordering::SeqCst);
+                self.queue.wake_driver();
+            }
         }
         Task { state }
+    }
+}
+
+/// Every handle is gone: the driver ends once its futures have.
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.queue.dropped.store(true, Ordering::SeqCst);
+        self.queue.task.wake();
     }
 }
 
@@ -125,11 +148,7 @@ impl Wake for JobState {
             return;
         }
         self.queue.push(self.slot.load(Ordering::Acquire));
-        // After the push: a driver ending its turn clears `polling` and
-        // then looks at the queue once more, so one of the two sees it.
-        if !self.queue.polling.load(Ordering::SeqCst) {
-            self.queue.task.wake();
-        }
+        self.queue.wake_driver();
     }
 }
 
@@ -183,9 +202,17 @@ impl Future for Task {
 /// runtime's other tasks run (tokio's own budget usually ends a turn first).
 const MAX_POLLS_PER_TURN: usize = 1024;
 
-/// The futures woken and waiting to be polled, by slot.
+/// The futures woken and waiting to be polled, by slot; and futures
+/// handed over and not yet taken in. (A plain list under a lock rather than
+/// a channel: the driver looks for new futures before every poll, and an
+/// empty channel's receive cost more than the rest of a driver's turn.)
 struct ReadyQueue {
     slots: Mutex<VecDeque<usize>>,
+    incoming: Mutex<Incoming>,
+    /// `incoming` has futures: a load, not a lock, on the driver's path.
+    has_incoming: AtomicBool,
+    /// The [`Driver`] is gone: no more futures will come.
+    dropped: AtomicBool,
     /// The driver is in its turn: a future woken now is polled in the same
     /// turn, so the driver's own task is not woken (a woken tokio task in
     /// its own poll is scheduled again as a yield, which on a
@@ -195,7 +222,31 @@ struct ReadyQueue {
     task: AtomicWaker,
 }
 
+#[derive(Default)]
+struct Incoming {
+    jobs: Vec<(Job, Arc<JobState>)>,
+    /// The driver task is gone: nothing handed over would ever run.
+    gone: bool,
+}
+
 impl ReadyQueue {
+    fn incoming(&self) -> MutexGuard<'_, Incoming> {
+        self.incoming.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// After a push: a driver ending its turn clears `polling` and then
+    /// looks at the queue once more, so one of the two sees it.
+    fn wake_driver(&self) {
+        if !self.polling.load(Ordering::SeqCst) {
+            self.task.wake();
+        }
+    }
+
+    /// Nothing woken and nothing handed over.
+    fn is_idle(&self) -> bool {
+        !self.has_incoming.load(Ordering::SeqCst) && self.is_empty()
+    }
+
     fn push(&self, slot: usize) {
         self.slots
             .lock()
@@ -250,11 +301,15 @@ fn drop_quietly(job: Job) {
 }
 
 /// Futures handed over but never taken in (the driver dropped at runtime
-/// shutdown) still end, and say so.
+/// shutdown) still end, and say so; later ones are refused.
 impl Drop for Drive {
     fn drop(&mut self) {
-        self.rx.close();
-        while let Ok((job, state)) = self.rx.try_recv() {
+        let jobs = {
+            let mut incoming = self.queue.incoming();
+            incoming.gone = true;
+            std::mem::take(&mut incoming.jobs)
+        };
+        for (job, state) in jobs {
             drop_quietly(job);
             state.finish();
         }
@@ -265,24 +320,19 @@ impl Drop for Drive {
 /// running every future woken meanwhile, including those woken by the
 /// others in the same turn.
 struct Drive {
-    rx: mpsc::UnboundedReceiver<(Job, Arc<JobState>)>,
     /// Futures by slot; freed slots are reused.
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
     live: usize,
     queue: Arc<ReadyQueue>,
-    /// Every `Driver` is gone: no more futures will come.
-    closed: bool,
 }
 
-async fn drive(rx: mpsc::UnboundedReceiver<(Job, Arc<JobState>)>, queue: Arc<ReadyQueue>) {
+async fn drive(queue: Arc<ReadyQueue>) {
     Drive {
-        rx,
         slots: Vec::new(),
         free: Vec::new(),
         live: 0,
         queue,
-        closed: false,
     }
     .await
 }
@@ -302,6 +352,17 @@ impl Drive {
         });
         self.live += 1;
         self.queue.push(slot);
+    }
+
+    /// Takes in the futures handed over since the last look.
+    fn take_incoming(&mut self) {
+        if !self.queue.has_incoming.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        let jobs = std::mem::take(&mut self.queue.incoming().jobs);
+        for (job, state) in jobs {
+            self.insert(job, state);
+        }
     }
 
     fn poll_slot(&mut self, slot: usize) {
@@ -332,13 +393,7 @@ impl Future for Drive {
         this.queue.polling.store(true, Ordering::SeqCst);
         let mut polls = 0;
         loop {
-            while !this.closed {
-                match this.rx.poll_recv(cx) {
-                    Poll::Ready(Some((job, state))) => this.insert(job, state),
-                    Poll::Ready(None) => this.closed = true,
-                    Poll::Pending => break,
-                }
-            }
+            this.take_incoming();
             match this.queue.pop() {
                 Some(slot) => {
                     if polls >= MAX_POLLS_PER_TURN || !tokio::task::coop::has_budget_remaining() {
@@ -353,12 +408,16 @@ impl Future for Drive {
                 }
                 None => {
                     this.queue.polling.store(false, Ordering::SeqCst);
-                    if !this.queue.is_empty() {
+                    if !this.queue.is_idle() {
                         // Woken between the pop and the store.
                         this.queue.polling.store(true, Ordering::SeqCst);
                         continue;
                     }
-                    if this.closed && this.live == 0 {
+                    // Read after the last look at `incoming`: a future
+                    // handed over before the drop is taken in first.
+                    let closed = this.queue.dropped.load(Ordering::SeqCst)
+                        && !this.queue.has_incoming.load(Ordering::SeqCst);
+                    if closed && this.live == 0 {
                         return Poll::Ready(());
                     }
                     return Poll::Pending;

@@ -24,7 +24,7 @@ pub(crate) const UPLINK_READ: usize = 1024 * 1024;
 /// send queue); how much, at most [`UPLINK_READ`]. None once it never may.
 pub(crate) async fn send_room(shared: &Arc<Shared>, id: u32, io: &StreamIo) -> Option<usize> {
     loop {
-        match shared.with(|m, _| m.send_room(id)) {
+        match shared.peek(|m| m.send_room(id)) {
             None => return None,
             Some(0) => {
                 shared

@@ -5,12 +5,12 @@
 //! [`Shared::dispatch`], which turns the core's events into wake-ups,
 //! queued data and spawned work.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use longhaul_proto::connection::{Connection, Received};
 use longhaul_proto::mux::{Event, IncomingOpen, Mux, Refused};
+use longhaul_proto::StreamMap;
 use tokio::sync::{oneshot, watch, Notify};
 
 use crate::config::DatagramSink;
@@ -98,10 +98,10 @@ pub(crate) enum Work {
 pub(crate) struct State {
     /// The protocol: multiplexer and link layer.
     conn: Connection,
-    pub(crate) streams: HashMap<u32, StreamRt>,
+    pub(crate) streams: StreamMap<StreamRt>,
     /// Openers waiting for the peer's answer.
-    opens: HashMap<u32, OpenReply>,
-    binds: HashMap<u32, BindReply>,
+    opens: StreamMap<OpenReply>,
+    binds: StreamMap<BindReply>,
     work: Vec<Work>,
     /// `teardown` has run: waiters told, tasks stopping.
     torn_down: bool,
@@ -111,10 +111,10 @@ pub(crate) struct State {
     /// Finished streams whose downlink still writes their last bytes (or
     /// waits to reset): told when the session dies, like live streams.
     /// Bounded by `max_streams` (the core keeps their slots).
-    lingering: HashMap<u32, Arc<StreamIo>>,
+    lingering: StreamMap<Arc<StreamIo>>,
     /// Streams that finished before their local socket was attached:
     /// the attach still delivers what they received, and their end.
-    unattached: HashMap<u32, Arc<StreamIo>>,
+    unattached: StreamMap<Arc<StreamIo>>,
     /// The tasks of the carrier or lanes now running (see `link`), under
     /// the same lock as the connection that says which are current.
     pub(crate) slot: CarrierSlot,
@@ -196,14 +196,14 @@ impl Shared {
             instance: std::sync::OnceLock::new(),
             st: Mutex::new(State {
                 conn,
-                streams: HashMap::new(),
-                opens: HashMap::new(),
-                binds: HashMap::new(),
+                streams: Default::default(),
+                opens: Default::default(),
+                binds: Default::default(),
                 work: Vec::new(),
                 torn_down: false,
                 silent: None,
-                lingering: HashMap::new(),
-                unattached: HashMap::new(),
+                lingering: Default::default(),
+                unattached: Default::default(),
                 slot: CarrierSlot::default(),
             }),
             wake_writer: Notify::new(),
@@ -248,6 +248,13 @@ impl Shared {
         let r = f(st.conn.mux_mut(), self.now_ns());
         self.dispatch(&mut st);
         r
+    }
+
+    /// Asks the multiplexer something that changes nothing the runtime acts
+    /// on (no event, no output): under the lock, without the clock and
+    /// without a dispatch, since a busy stream asks before every read.
+    pub fn peek<R>(&self, f: impl FnOnce(&mut Mux) -> R) -> R {
+        f(self.lock().conn.mux_mut())
     }
 
     /// Closes the whole session for a reason of ours (already logged).

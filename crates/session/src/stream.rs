@@ -80,10 +80,17 @@ pub(crate) async fn uplink(
     // Capacity of `buf`'s allocation when it was made.
     let mut alloc = 0;
     let mut size = UPLINK_FIRST_READ;
+    // Room left after the last send, asked under the same lock.
+    let mut room = 0;
     loop {
-        let Some(mut n) = send_room(&shared, id, &io).await else {
-            return;
+        let mut n = match room {
+            0 => match send_room(&shared, id, &io).await {
+                Some(n) => n,
+                None => return,
+            },
+            n => n.min(UPLINK_READ),
         };
+        room = 0;
         // Readiness first: an idle socket holds no buffer.
         if buf.capacity() == 0 {
             if let Err(err) = rd.readable().await {
@@ -92,7 +99,7 @@ pub(crate) async fn uplink(
             // Other streams may have taken the session's room meanwhile
             // (its queue is bounded in total): ask again, with no wait
             // between the answer and the read.
-            match shared.with(|m, _| m.send_room(id)) {
+            match shared.peek(|m| m.send_room(id)) {
                 None => return,
                 Some(0) => continue,
                 Some(now) => n = now.min(UPLINK_READ),
@@ -131,7 +138,12 @@ pub(crate) async fn uplink(
         if k == 0 {
             return shared.with(|m, _| m.send_eof(id));
         }
-        shared.with(|m, _| m.send(id, data));
+        room = shared
+            .with(|m, _| {
+                m.send(id, data);
+                m.send_room(id)
+            })
+            .unwrap_or(0);
     }
 }
 

@@ -1,20 +1,66 @@
 //! What a stream's pumps share with the rest of the session without
 //! taking the session lock: their wake-ups and the inbound queue.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Poll};
 
-use tokio::sync::Notify;
+use futures_util::task::AtomicWaker;
 
 use crate::inbound::InQueue;
+
+/// A wake-up for the one future that waits on it (a stream's uplink, or
+/// its downlink). As with tokio's `Notify::notify_one`, a signal given
+/// while nobody waits is kept for the next wait; a wait may also end
+/// early, so a waiter looks again at what it waits for. One flag and one
+/// waker instead of `Notify`'s list of waiters under a lock: a 1-byte
+/// round trip gives and takes two of these in each relay.
+#[derive(Default)]
+pub(crate) struct Signal {
+    set: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Signal {
+    pub fn notify_one(&self) {
+        self.set.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// Ready once a signal was given since the last wait ended.
+    pub fn notified(&self) -> Notified<'_> {
+        Notified(self)
+    }
+}
+
+pub(crate) struct Notified<'a>(&'a Signal);
+
+impl Future for Notified<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let s = self.0;
+        if s.set.swap(false, Ordering::AcqRel) {
+            return Poll::Ready(());
+        }
+        s.waker.register(cx.waker());
+        // Given between the first look and the registration.
+        match s.set.swap(false, Ordering::AcqRel) {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        }
+    }
+}
 
 /// What a stream's pumps share with the rest of the session without taking
 /// the session lock: their wake-ups and the inbound queue.
 #[derive(Default)]
 pub(crate) struct StreamIo {
     /// Wakes the uplink: credit arrived, queue room freed, or closing.
-    pub up: Notify,
+    pub up: Signal,
     /// Wakes the downlink: data or EOF queued, or closing.
-    pub down: Notify,
+    pub down: Signal,
     inbox: Mutex<Inbox>,
 }
 

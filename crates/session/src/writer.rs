@@ -5,6 +5,7 @@ use std::io::{self, IoSlice};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use futures_util::FutureExt;
 use longhaul_carrier::{BoxWrite, UrgentFlag, UrgentSend};
 use longhaul_proto::frame::Frame;
 use longhaul_proto::link::CarrierId;
@@ -153,15 +154,27 @@ async fn write_loop(
                 // TLS and WebSocket carriers keep bytes in their own
                 // buffers until flushed; flush whenever the queue runs dry,
                 // but let new work interrupt (a flush may wait on a full
-                // socket, and is resumed the next time round).
-                tokio::select! {
-                    r = w.flush() => match r {
-                        Ok(()) => dirty = false,
-                        Err(e) => return End::Failed(format!("carrier flush failed: {e}")),
-                    },
-                    _ = shared.wake_writer.notified() => {}
+                // socket, and is resumed the next time round). Most flushes
+                // finish at once (plain TCP has nothing to flush): then
+                // wait for work straight away, the queues were just looked
+                // at (a wake-up given meanwhile is kept by the `Notify`).
+                match w.flush().now_or_never() {
+                    Some(Ok(())) => dirty = false,
+                    Some(Err(e)) => return End::Failed(format!("carrier flush failed: {e}")),
+                    None => {
+                        tokio::select! {
+                            biased;
+                            r = w.flush() => match r {
+                                Ok(()) => dirty = false,
+                                Err(e) => {
+                                    return End::Failed(format!("carrier flush failed: {e}"))
+                                }
+                            },
+                            _ = shared.wake_writer.notified() => {}
+                        }
+                        continue;
+                    }
                 }
-                continue;
             }
             shared.wake_writer.notified().await;
             continue;
@@ -328,10 +341,14 @@ async fn write_batch(
     while !batch.is_empty() {
         let step = {
             let slices = iovecs(batch, usize::MAX);
-            match watch {
-                false => Step::Wrote(w.write_vectored(&slices).await?),
-                true => {
+            // Most writes are taken at once: no wait to set up for them (a
+            // select arms a timer and a `Notify` wait on every call).
+            match w.write_vectored(&slices).now_or_never() {
+                Some(r) => Step::Wrote(r?),
+                None if !watch => Step::Wrote(w.write_vectored(&slices).await?),
+                None => {
                     tokio::select! {
+                        biased;
                         r = w.write_vectored(&slices) => Step::Wrote(r?),
                         _ = shared.wake_writer.notified() => Step::Woken,
                         _ = tokio::time::sleep(URGENT_RETRY), if stuck > 0 => Step::Retry,

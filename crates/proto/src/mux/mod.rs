@@ -19,7 +19,7 @@ mod rules;
 pub mod stream;
 mod timers;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -215,20 +215,20 @@ pub struct Mux {
     control_bytes: usize,
     data: Drr<OutFrame>,
     datagrams: datagram::Datagrams,
-    streams: HashMap<u32, Stream>,
+    streams: crate::StreamMap<Stream>,
     /// Closed streams whose local socket is still open (its last bytes on
     /// their way, or a reset waiting for them to be taken): their receive
     /// budget and their slot stay taken until the runtime closes it
     /// ([`Mux::local_closed`]), so a peer cannot pile up data, sockets or
     /// tasks behind closed streams whose consumer does not read.
-    draining: HashMap<u32, u64>,
-    expired: HashMap<u32, Expired>,
+    draining: crate::StreamMap<u64>,
+    expired: crate::StreamMap<Expired>,
     next_id: u32,
     /// Peer OPENs handed to the caller and not yet answered.
     connecting: usize,
     budget: Budget,
     /// Our BINDs waiting, with their deadlines.
-    binds_out: HashMap<u32, u64>,
+    binds_out: crate::StreamMap<u64>,
     binds_expired: VecDeque<u32>,
     next_bind: u32,
     binds_in: usize,
@@ -276,12 +276,12 @@ impl Mux {
             control_bytes: 0,
             data: Drr::new(MAX_FRAME_LEN),
             datagrams: datagram::Datagrams::default(),
-            streams: HashMap::new(),
-            draining: HashMap::new(),
-            expired: HashMap::new(),
+            streams: Default::default(),
+            draining: Default::default(),
+            expired: Default::default(),
             next_id: 1,
             connecting: 0,
-            binds_out: HashMap::new(),
+            binds_out: Default::default(),
             binds_expired: VecDeque::new(),
             next_bind: 1,
             binds_in: 0,
