@@ -340,7 +340,13 @@ impl Connection {
         };
         match l.on_input(carrier, got, ack) {
             Ok(_) if ended => Received::Ended,
-            Ok(Input::Applied { wake }) => Received::Taken { wake },
+            // Room freed by the ACK matters only to output waiting for it
+            // (new output wakes the writer through the multiplexer); a due
+            // ACK always does. A request answered at once would otherwise
+            // wake the writer twice per round trip.
+            Ok(Input::Applied { wake }) => Received::Taken {
+                wake: wake && (self.mux.has_output() || l.ack_due()),
+            },
             Ok(Input::Stale) => Received::Stale,
             Err(e) => {
                 self.mux

@@ -12,6 +12,11 @@ fn resumable() -> (Connection, CarrierId) {
 
 /// A resumable connection with `lanes` carriers attached (striped from 2).
 fn with_lanes(lanes: u8) -> (Connection, Vec<CarrierId>) {
+    with_replay(lanes, 1 << 20)
+}
+
+/// The same, keeping at most `replay` bytes unacknowledged.
+fn with_replay(lanes: u8, replay: usize) -> (Connection, Vec<CarrierId>) {
     let mux = Mux::new(MuxConfig {
         window: WindowConfig {
             initial: 4096,
@@ -34,7 +39,7 @@ fn with_lanes(lanes: u8) -> (Connection, Vec<CarrierId>) {
         resumable: true,
     });
     let mut link = LinkLayer::new(
-        1 << 20,
+        replay,
         1 << 20,
         lanes,
         SessionId([0; 16]),
@@ -226,6 +231,57 @@ fn a_single_carrier_transmits_the_ack_first_and_records_what_it_writes() {
     assert_eq!(c.poll_transmit(id, &mut batch, 1 << 20, 32), 0);
     assert!(batch.is_empty(), "nothing for a carrier no longer current");
     assert!(c.mux().has_output());
+}
+
+/// An ACK that frees replay room wakes the single carrier's writer only
+/// when output waits for that room: otherwise a request answered at once
+/// would wake it twice per round trip.
+#[test]
+fn an_ack_wakes_the_writer_only_for_output_waiting_on_replay_room() {
+    let (mut a, ids) = with_replay(1, 256);
+    let ia = ids[0];
+    let (mut b, ib) = resumable();
+    let wake = |r: Received| match r {
+        Received::Taken { wake } => wake,
+        r => panic!("{r:?}"),
+    };
+    let id = a.mux_mut().open("tcp://example:1", 0).unwrap();
+    let mut w = transmit(&mut a, ia);
+    let _ = b.on_bytes(ib, &mut w, true, 0);
+    let open = open_request(b.mux_mut());
+    let theirs = b.mux_mut().accept_open(open, 0).unwrap();
+    let mut w = transmit(&mut b, ib);
+    let _ = a.on_bytes(ia, &mut w, true, 0);
+    // DATA beyond the replay bound waits for the peer's ACK.
+    // (A frame taken may overshoot the room; the next one waits.)
+    a.mux_mut().send(id, Bytes::from(vec![7u8; 1000]));
+    let mut to_b = transmit(&mut a, ia);
+    a.mux_mut().send(id, Bytes::from(vec![8u8; 1000]));
+    to_b.extend_from_slice(&transmit(&mut a, ia));
+    assert_eq!(a.link().unwrap().room(), 0);
+    assert!(a.mux().has_output(), "DATA waits for replay room");
+    // The ACK comes in front of what `b` sends next.
+    let _ = b.on_bytes(ib, &mut to_b, true, 0);
+    b.mux_mut().send(theirs, Bytes::from_static(b"x"));
+    let mut from_b = transmit(&mut b, ib);
+    assert!(
+        wake(a.on_bytes(ia, &mut from_b, true, 0)),
+        "output waits for the room freed"
+    );
+    // Once everything is sent, an ACK that frees room for nothing waiting
+    // wakes no writer.
+    for _ in 0..100 {
+        let mut to_b = transmit(&mut a, ia);
+        let _ = b.on_bytes(ib, &mut to_b, true, 0);
+        b.mux_mut().send(theirs, Bytes::from_static(b"x"));
+        let mut from_b = transmit(&mut b, ib);
+        let woke = wake(a.on_bytes(ia, &mut from_b, true, 0));
+        assert!(!woke || a.mux().has_output(), "a wake with nothing waiting");
+        if !a.mux().has_output() && a.link().unwrap().replay().held() == 0 {
+            return;
+        }
+    }
+    panic!("the stream's data never all went");
 }
 
 /// The server's resume expiry is a deadline of the connection: none

@@ -434,6 +434,11 @@ impl LinkLayer {
         Ok(freed)
     }
 
+    /// Enough arrived since the last ACK that one must go now.
+    pub fn ack_due(&self) -> bool {
+        self.rx.ack_due()
+    }
+
     /// Single carrier: bytes `room` that may be taken from the multiplexer
     /// before an ACK is needed.
     pub fn room(&self) -> usize {
