@@ -43,7 +43,14 @@ pub struct Drr<T> {
     old: VecDeque<u32>,
     quantum: usize,
     total_bytes: usize,
+    /// Emptied queues kept for the next stream that becomes active, so an
+    /// interactive stream does not allocate one per message; at most
+    /// [`SPARE_QUEUES`], of at most [`SPARE_CAPACITY`] items each.
+    spare: Vec<VecDeque<T>>,
 }
+
+const SPARE_QUEUES: usize = 4;
+const SPARE_CAPACITY: usize = 4;
 
 impl<T: HasLen> Drr<T> {
     pub fn new(quantum: usize) -> Drr<T> {
@@ -53,6 +60,7 @@ impl<T: HasLen> Drr<T> {
             old: VecDeque::new(),
             quantum: quantum.max(1),
             total_bytes: 0,
+            spare: Vec::new(),
         }
     }
 
@@ -60,8 +68,9 @@ impl<T: HasLen> Drr<T> {
     pub fn push(&mut self, id: u32, item: T) {
         let size = item.size();
         let quantum = self.quantum;
+        let spare = &mut self.spare;
         let flow = self.flows.entry(id).or_insert_with(|| Flow {
-            items: VecDeque::new(),
+            items: spare.pop().unwrap_or_default(),
             bytes: 0,
             deficit: 0,
         });
@@ -91,6 +100,19 @@ impl<T: HasLen> Drr<T> {
     /// Whether a stream that just became active waits (it goes out next).
     pub fn has_new(&self) -> bool {
         !self.new.is_empty()
+    }
+
+    /// Forgets stream `id`'s emptied queue, keeping its buffer if small.
+    fn retire(&mut self, id: u32) {
+        if let Some(flow) = self.flows.remove(&id) {
+            let items = flow.items;
+            if items.is_empty()
+                && items.capacity() <= SPARE_CAPACITY
+                && self.spare.len() < SPARE_QUEUES
+            {
+                self.spare.push(items);
+            }
+        }
     }
 
     /// Drops everything queued for stream `id`.
@@ -138,7 +160,7 @@ impl<T: HasLen> Drr<T> {
             };
             let Some(head) = flow.items.front() else {
                 list.pop_front();
-                self.flows.remove(&id);
+                self.retire(id);
                 continue;
             };
             let size = head.size();
@@ -152,8 +174,8 @@ impl<T: HasLen> Drr<T> {
                 let item = flow.items.pop_front()?;
                 if flow.items.is_empty() {
                     // An idle stream keeps no credit (classic DRR).
-                    self.flows.remove(&id);
                     list.pop_front();
+                    self.retire(id);
                 }
                 return Some((id, item));
             }

@@ -75,7 +75,8 @@ async fn write_pieces(w: &mut BoxWrite, pieces: &mut Pieces) -> io::Result<()> {
 
 /// Asks the connection for this lane's next chunk.
 fn take_job(shared: &Arc<Shared>, id: CarrierId, target: usize) -> LaneOutput {
-    let (out, takers) = shared.with_conn(|c, now| {
+    let (out, takers) = shared.with_conn(|c, clock| {
+        let now = clock.ns();
         let out = c.poll_chunk(id, target, now);
         (out, c.datagram_takers(id, now))
     });

@@ -251,7 +251,8 @@ impl Shared {
         limits: DecodeLimits,
         peer_received: u64,
     ) -> Result<u64, longhaul_proto::link::LinkError> {
-        let (id, resend, outage, bytes) = self.with_conn(|c, now| {
+        let (id, resend, outage, bytes) = self.with_conn(|c, clock| {
+            let now = clock.ns();
             let (outage, before) = c
                 .link()
                 .map(|l| (l.detached_for(now), l.replayed()))

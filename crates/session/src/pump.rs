@@ -86,5 +86,5 @@ impl Drop for LocalClosed {
 /// Accounts bytes written to the local socket; the core returns credit to
 /// the peer when the window says it is time.
 pub(crate) fn credit_delivered(shared: &Arc<Shared>, id: u32, total: usize) {
-    shared.with(|m, now| m.delivered(id, total, now));
+    shared.with(|m, now| m.delivered(id, total, now.ns()));
 }

@@ -436,7 +436,7 @@ pub(crate) async fn serve_attach(
             };
             // Over meanwhile (closed, or past --resume-timeout while the
             // old carrier stopped): a fresh session, not a resumed one.
-            if shared.with_conn_quiet(|c, now| c.is_over(now)) {
+            if shared.with_conn_quiet(|c, now| c.is_over(now.ns())) {
                 return refuse(carrier, Refusal::Unknown, format!("session {id} ended")).await;
             }
             let answer = Attached::Resumed {

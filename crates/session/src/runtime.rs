@@ -131,6 +131,18 @@ impl State {
     }
 }
 
+/// The session's clock (nanoseconds since it started), handed to calls
+/// into the core and read only by those that need the time: most calls on
+/// a message's path do not, and a clock read is a measurable part of them.
+#[derive(Clone, Copy)]
+pub(crate) struct Clock<'a>(&'a Instant);
+
+impl Clock<'_> {
+    pub fn ns(self) -> u64 {
+        self.0.elapsed().as_nanos() as u64
+    }
+}
+
 pub(crate) struct Shared {
     pub st: Mutex<State>,
     /// Both sides offered resume: the connection has a link layer.
@@ -240,12 +252,16 @@ impl Shared {
         self.started.elapsed().as_nanos() as u64
     }
 
+    fn clock(&self) -> Clock<'_> {
+        Clock(&self.started)
+    }
+
     /// Runs `f` on the protocol core under the session lock, then acts on
     /// what it asked for. The one way tasks other than the reader change the
     /// core.
-    pub fn with<R>(self: &Arc<Self>, f: impl FnOnce(&mut Mux, u64) -> R) -> R {
+    pub fn with<R>(self: &Arc<Self>, f: impl FnOnce(&mut Mux, Clock) -> R) -> R {
         let mut st = self.lock();
-        let r = f(st.conn.mux_mut(), self.now_ns());
+        let r = f(st.conn.mux_mut(), self.clock());
         self.dispatch(&mut st);
         r
     }
@@ -428,18 +444,18 @@ impl Shared {
 
     /// Runs `f` on the whole connection (multiplexer and link layer) under
     /// the session lock, then acts on its events.
-    pub fn with_conn<R>(self: &Arc<Self>, f: impl FnOnce(&mut Connection, u64) -> R) -> R {
+    pub fn with_conn<R>(self: &Arc<Self>, f: impl FnOnce(&mut Connection, Clock) -> R) -> R {
         let mut st = self.lock();
-        let r = f(&mut st.conn, self.now_ns());
+        let r = f(&mut st.conn, self.clock());
         self.dispatch(&mut st);
         r
     }
 
     /// Like [`Shared::with_conn`], without logging the session's end (the
     /// caller says why).
-    pub fn with_conn_quiet<R>(self: &Arc<Self>, f: impl FnOnce(&mut Connection, u64) -> R) -> R {
+    pub fn with_conn_quiet<R>(self: &Arc<Self>, f: impl FnOnce(&mut Connection, Clock) -> R) -> R {
         let mut st = self.lock();
-        let r = f(&mut st.conn, self.now_ns());
+        let r = f(&mut st.conn, self.clock());
         self.dispatch_quiet(&mut st);
         r
     }
