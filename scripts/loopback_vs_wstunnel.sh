@@ -34,14 +34,8 @@ ticks() { # pid -> utime+stime in clock ticks
   awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0
 }
 
-wait_port() {
-  for _ in $(seq 100); do
-    ss -Hltn "sport = :$1" | grep -q . && return 0
-    sleep 0.05
-  done
-  echo "port $1 never opened" >&2
-  return 1
-}
+# shellcheck source=scripts/loopback.sh
+. "$(dirname "$0")/loopback.sh"
 
 # measure LABEL PORT_IPERF PORT_RR [relay pids...]
 measure() {

@@ -28,14 +28,8 @@ PIDS=()
 cleanup() { kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-wait_port() {
-  for _ in $(seq 200); do
-    ss -Hltn "sport = :$1" | grep -q . && return 0
-    sleep 0.05
-  done
-  echo "port $1 never opened" >&2
-  return 1
-}
+# shellcheck source=scripts/loopback.sh
+. "$(dirname "$0")/loopback.sh"
 
 # start BIN [client-wrapper] [server-wrapper]: relays for -L 35531 -> bench server
 start() {
