@@ -167,3 +167,75 @@ async fn a_stream_left_open_ends_at_the_drain_timeout_as_a_reset() {
         "a stream cut by the drain timeout ended cleanly: {r:?}"
     );
 }
+
+/// A proxy that lets the client's bytes through slowly (16 KiB every 5 ms),
+/// so its carrier backs up; the other way is not held.
+async fn slow_uplink(server: SocketAddr) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((a, _)) = l.accept().await {
+            let Ok(b) = TcpStream::connect(server).await else {
+                continue;
+            };
+            let (mut ar, mut aw) = a.into_split();
+            let (mut br, mut bw) = b.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut br, &mut aw).await;
+            });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                while let Ok(n @ 1..) = ar.read(&mut buf).await {
+                    if bw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let _ = bw.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// Shut down while an upload fills the carrier: once the last CLOSE is
+/// written and flushed, the GOODBYE goes at once — the writer must not wait
+/// for a wake-up that never comes and let the grace run out (found by a
+/// review: 3 rounds in 18 took the whole grace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_on_a_full_carrier_does_not_wait_out_its_grace() {
+    let target = echo_server().await;
+    for round in 0..12u64 {
+        let server = start_server(
+            Rules::new(vec![target.to_string().parse().unwrap()], false),
+            longhaul_forward::rules::BindRules::default(),
+        )
+        .await;
+        let mut cfg = client_config(slow_uplink(server).await);
+        cfg.reconnect = false;
+        cfg.local = vec![fwd("127.0.0.1", target.port())];
+        let client = Client::start(cfg).await.unwrap();
+        let (mut r, mut w) = TcpStream::connect(client.local_addrs[0])
+            .await
+            .unwrap()
+            .into_split();
+        let upload = tokio::spawn(async move {
+            let block = vec![7u8; 64 * 1024];
+            while w.write_all(&block).await.is_ok() {}
+        });
+        let download = tokio::spawn(async move {
+            let mut b = vec![0u8; 64 * 1024];
+            while let Ok(1..) = r.read(&mut b).await {}
+        });
+        tokio::time::sleep(Duration::from_millis(600 + round * 37)).await;
+        let t = Instant::now();
+        client.shutdown("test", Duration::from_secs(8)).await;
+        let took = t.elapsed();
+        assert!(
+            took < Duration::from_secs(2),
+            "round {round}: shutdown took {took:?}"
+        );
+        upload.abort();
+        download.abort();
+    }
+}

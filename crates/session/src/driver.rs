@@ -55,7 +55,15 @@ impl Driver {
             polling: AtomicBool::new(false),
             task: AtomicWaker::new(),
         });
-        tokio::spawn(drive(queue.clone()));
+        // The struct itself, not an `async fn` building it: a task dropped
+        // before its first poll (runtime shutdown) still drops `Drive`, whose
+        // `Drop` ends the futures handed over and refuses later ones.
+        tokio::spawn(Drive {
+            slots: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+            queue: queue.clone(),
+        });
         Driver { queue }
     }
 
@@ -327,16 +335,6 @@ struct Drive {
     queue: Arc<ReadyQueue>,
 }
 
-async fn drive(queue: Arc<ReadyQueue>) {
-    Drive {
-        slots: Vec::new(),
-        free: Vec::new(),
-        live: 0,
-        queue,
-    }
-    .await
-}
-
 impl Drive {
     fn insert(&mut self, job: Job, state: Arc<JobState>) {
         let slot = self.free.pop().unwrap_or_else(|| {
@@ -459,5 +457,41 @@ mod tests {
             let _ = tx.send(());
         });
         rx.await.expect("the driver still runs");
+    }
+
+    /// Sets its flag when dropped.
+    struct Dropped(Arc<AtomicBool>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// The runtime goes away before the driver task ever ran: the futures
+    /// handed to it are dropped and end, and later ones are refused.
+    #[test]
+    fn a_driver_never_polled_drops_its_futures() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let flag = Arc::new(AtomicBool::new(false));
+        let guard = Dropped(flag.clone());
+        let (driver, task) = rt.block_on(async {
+            let d = Driver::start();
+            let t = d.spawn(async move {
+                let _g = guard;
+                std::future::pending::<()>().await
+            });
+            (d, t)
+        });
+        drop(rt);
+        assert!(flag.load(Ordering::SeqCst), "a future was leaked");
+        assert!(task.is_finished());
+        let late_flag = Arc::new(AtomicBool::new(false));
+        let late_guard = Dropped(late_flag.clone());
+        let late = driver.spawn(async move {
+            let _g = late_guard;
+        });
+        assert!(late.is_finished() && late_flag.load(Ordering::SeqCst));
     }
 }

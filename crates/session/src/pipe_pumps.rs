@@ -14,7 +14,7 @@ use crate::stream_io::StreamIo;
 /// The service's bytes → DATA frames, as the peer's credit allows.
 pub(crate) async fn uplink(shared: Arc<Shared>, id: u32, io: Arc<StreamIo>, src: PipeSource) {
     loop {
-        let Some(room) = send_room(&shared, id, &io).await else {
+        let Some(room) = send_room(&shared, id, &io, None).await else {
             return;
         };
         // The room is asked for again after every wait: the session's

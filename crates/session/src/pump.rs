@@ -22,9 +22,19 @@ pub(crate) const UPLINK_READ: usize = 1024 * 1024;
 
 /// Waits until stream `id` may send (the peer's credit and the stream's
 /// send queue); how much, at most [`UPLINK_READ`]. None once it never may.
-pub(crate) async fn send_room(shared: &Arc<Shared>, id: u32, io: &StreamIo) -> Option<usize> {
+/// `known`: the answer the core gave with the last send, used first (asking
+/// again would count a stall twice).
+pub(crate) async fn send_room(
+    shared: &Arc<Shared>,
+    id: u32,
+    io: &StreamIo,
+    mut known: Option<Option<usize>>,
+) -> Option<usize> {
     loop {
-        match shared.peek(|m| m.send_room(id)) {
+        let room = known
+            .take()
+            .unwrap_or_else(|| shared.peek(|m| m.send_room(id)));
+        match room {
             None => return None,
             Some(0) => {
                 shared

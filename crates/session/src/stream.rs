@@ -81,16 +81,11 @@ pub(crate) async fn uplink(
     let mut alloc = 0;
     let mut size = UPLINK_FIRST_READ;
     // Room left after the last send, asked under the same lock.
-    let mut room = 0;
+    let mut room = None;
     loop {
-        let mut n = match room {
-            0 => match send_room(&shared, id, &io).await {
-                Some(n) => n,
-                None => return,
-            },
-            n => n.min(UPLINK_READ),
+        let Some(mut n) = send_room(&shared, id, &io, room.take()).await else {
+            return;
         };
-        room = 0;
         // Readiness first: an idle socket holds no buffer.
         if buf.capacity() == 0 {
             if let Err(err) = rd.readable().await {
@@ -101,7 +96,11 @@ pub(crate) async fn uplink(
             // between the answer and the read.
             match shared.peek(|m| m.send_room(id)) {
                 None => return,
-                Some(0) => continue,
+                Some(0) => {
+                    // Counted as a stall already: wait, without asking twice.
+                    room = Some(Some(0));
+                    continue;
+                }
                 Some(now) => n = now.min(UPLINK_READ),
             }
             // A fresh buffer, never a grown one: growing a uniquely owned
@@ -138,12 +137,10 @@ pub(crate) async fn uplink(
         if k == 0 {
             return shared.with(|m, _| m.send_eof(id));
         }
-        room = shared
-            .with(|m, _| {
-                m.send(id, data);
-                m.send_room(id)
-            })
-            .unwrap_or(0);
+        room = Some(shared.with(|m, _| {
+            m.send(id, data);
+            m.send_room(id)
+        }));
     }
 }
 

@@ -124,9 +124,9 @@ async fn write_loop(
             WRITE_BATCH_BYTES
         };
         // Streams waiting for queue room are told (`with_conn` dispatches).
-        let (dead, goodbye) = shared.with_conn(|c, _| {
+        let (dead, goodbye, closing) = shared.with_conn(|c, _| {
             if c.mux().dead().is_some() {
-                return (true, None);
+                return (true, None, false);
             }
             if let (Some(f), true) = (&urgent.flag, c.mux().has_new_data()) {
                 // This batch leads with a stream that just became active
@@ -139,7 +139,12 @@ async fn write_loop(
             let m = c.mux();
             drained = !m.has_output();
             let idle = drained && batch.is_empty() && !dirty;
-            (false, m.goodbye_done().filter(|_| idle).map(str::to_owned))
+            let bye = m.goodbye_done();
+            (
+                false,
+                bye.filter(|_| idle).map(str::to_owned),
+                bye.is_some(),
+            )
         });
         if dead {
             return End::Closed;
@@ -159,6 +164,12 @@ async fn write_loop(
                 // wait for work straight away, the queues were just looked
                 // at (a wake-up given meanwhile is kept by the `Notify`).
                 match w.flush().now_or_never() {
+                    // Shutting down: the GOODBYE waits only for the flush,
+                    // and nothing else would wake the writer for it.
+                    Some(Ok(())) if closing => {
+                        dirty = false;
+                        continue;
+                    }
                     Some(Ok(())) => dirty = false,
                     Some(Err(e)) => return End::Failed(format!("carrier flush failed: {e}")),
                     None => {
