@@ -111,10 +111,10 @@ pub(crate) struct State {
     /// Finished streams whose downlink still writes their last bytes (or
     /// waits to reset): told when the session dies, like live streams.
     /// Bounded by `max_streams` (the core keeps their slots).
-    lingering: StreamMap<Arc<StreamIo>>,
+    pub(crate) lingering: StreamMap<Arc<StreamIo>>,
     /// Streams that finished before their local socket was attached:
     /// the attach still delivers what they received, and their end.
-    unattached: StreamMap<Arc<StreamIo>>,
+    pub(crate) unattached: StreamMap<Arc<StreamIo>>,
     /// The tasks of the carrier or lanes now running (see `link`), under
     /// the same lock as the connection that says which are current.
     pub(crate) slot: CarrierSlot,
@@ -554,51 +554,5 @@ impl Shared {
     /// The carrier was found silent since the last call: for how long.
     pub fn take_silent(&self) -> Option<std::time::Duration> {
         self.lock().silent.take()
-    }
-
-    /// The inbound queue and wake-ups of stream `id`, for its pumps: the
-    /// live stream's, or the one it left if it finished before its socket
-    /// was attached (its last bytes and its end still go to the socket).
-    pub fn pumps_io(&self, id: u32) -> Option<Arc<StreamIo>> {
-        let mut st = self.lock();
-        if let Some(s) = st.streams.get_mut(&id) {
-            s.socket = Socket::Open;
-            let io = s.io.clone();
-            // Until the downlink closes the socket, the stream keeps its
-            // slot and budget, even once closed (`Mux::local_closed`).
-            st.conn.mux_mut().local_opened(id);
-            return Some(io);
-        }
-        let io = st.unattached.remove(&id)?;
-        st.lingering.insert(id, io.clone());
-        Some(io)
-    }
-
-    /// A stream's downlink ended: its socket is closed.
-    pub fn local_closed(self: &Arc<Self>, id: u32) {
-        let mut st = self.lock();
-        st.lingering.remove(&id);
-        if let Some(s) = st.streams.get_mut(&id) {
-            s.socket = Socket::Closed;
-        }
-        st.conn.mux_mut().local_closed(id);
-        self.dispatch(&mut st);
-    }
-
-    /// The opener of `id` went away without attaching a socket.
-    pub fn forget_unattached(&self, id: u32) {
-        self.lock().unattached.remove(&id);
-    }
-
-    /// Records the task reading stream `id`'s socket, so that closing the
-    /// stream stops it; stops it at once if the stream is already gone.
-    pub fn set_uplink(&self, id: u32, task: AbortHandle, local: Option<String>) {
-        match self.lock().streams.get_mut(&id) {
-            Some(s) => {
-                s.uplink = Some(task);
-                s.local = local;
-            }
-            None => task.abort(),
-        }
     }
 }

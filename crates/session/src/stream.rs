@@ -11,12 +11,13 @@ use std::sync::Arc;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
 
+use crate::driver::AbortHandle;
 use crate::inbound::{compact_parts, Part};
 use crate::local::{read_now, LocalRead, LocalStream, LocalWrite};
 use crate::pump::{
     aborted, credit_delivered, fail, send_room, take_inbound, Inbound, LocalClosed, UPLINK_READ,
 };
-use crate::runtime::Shared;
+use crate::runtime::{Shared, Socket};
 use crate::stream_io::StreamIo;
 
 /// First read of a new stream; reads grow while they come back full, and a
@@ -272,4 +273,55 @@ async fn write_parts(
     }
     parts.clear();
     Ok(())
+}
+
+/// The runtime's side of a stream's local socket: which pumps run, and
+/// whether the socket is open (the multiplexer keeps the stream's slot
+/// until it closes).
+impl Shared {
+    /// The inbound queue and wake-ups of stream `id`, for its pumps: the
+    /// live stream's, or the one it left if it finished before its socket
+    /// was attached (its last bytes and its end still go to the socket).
+    pub fn pumps_io(&self, id: u32) -> Option<Arc<StreamIo>> {
+        let mut st = self.lock();
+        if let Some(s) = st.streams.get_mut(&id) {
+            s.socket = Socket::Open;
+            let io = s.io.clone();
+            // Until the downlink closes the socket, the stream keeps its
+            // slot and budget, even once closed (`Mux::local_closed`).
+            st.conn_mut().mux_mut().local_opened(id);
+            return Some(io);
+        }
+        let io = st.unattached.remove(&id)?;
+        st.lingering.insert(id, io.clone());
+        Some(io)
+    }
+
+    /// A stream's downlink ended: its socket is closed.
+    pub fn local_closed(self: &Arc<Self>, id: u32) {
+        let mut st = self.lock();
+        st.lingering.remove(&id);
+        if let Some(s) = st.streams.get_mut(&id) {
+            s.socket = Socket::Closed;
+        }
+        st.conn_mut().mux_mut().local_closed(id);
+        self.dispatch(&mut st);
+    }
+
+    /// The opener of `id` went away without attaching a socket.
+    pub fn forget_unattached(&self, id: u32) {
+        self.lock().unattached.remove(&id);
+    }
+
+    /// Records the task reading stream `id`'s socket, so that closing the
+    /// stream stops it; stops it at once if the stream is already gone.
+    pub fn set_uplink(&self, id: u32, task: AbortHandle, local: Option<String>) {
+        match self.lock().streams.get_mut(&id) {
+            Some(s) => {
+                s.uplink = Some(task);
+                s.local = local;
+            }
+            None => task.abort(),
+        }
+    }
 }

@@ -163,27 +163,24 @@ async fn write_loop(
                 // finish at once (plain TCP has nothing to flush): then
                 // wait for work straight away, the queues were just looked
                 // at (a wake-up given meanwhile is kept by the `Notify`).
-                match w.flush().now_or_never() {
-                    // Shutting down: the GOODBYE waits only for the flush,
+                let flushed = match w.flush().now_or_never() {
+                    Some(r) => r.map(|()| true),
+                    None => tokio::select! {
+                        biased;
+                        r = w.flush() => r.map(|()| false),
+                        _ = shared.wake_writer.notified() => continue,
+                    },
+                };
+                match flushed {
+                    Err(e) => return End::Failed(format!("carrier flush failed: {e}")),
+                    // A flush that waited: look at the queues again. So does
+                    // one shutting down: the GOODBYE waits only for the flush,
                     // and nothing else would wake the writer for it.
-                    Some(Ok(())) if closing => {
+                    Ok(at_once) => {
                         dirty = false;
-                        continue;
-                    }
-                    Some(Ok(())) => dirty = false,
-                    Some(Err(e)) => return End::Failed(format!("carrier flush failed: {e}")),
-                    None => {
-                        tokio::select! {
-                            biased;
-                            r = w.flush() => match r {
-                                Ok(()) => dirty = false,
-                                Err(e) => {
-                                    return End::Failed(format!("carrier flush failed: {e}"))
-                                }
-                            },
-                            _ = shared.wake_writer.notified() => {}
+                        if !at_once || closing {
+                            continue;
                         }
-                        continue;
                     }
                 }
             }
