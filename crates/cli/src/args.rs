@@ -270,6 +270,15 @@ pub struct ServerArgs {
     /// Most lanes one striped session may have (clients asking more get this many).
     #[arg(long, value_name = "K", default_value = "8", value_parser = parse_stripes)]
     pub max_stripes: u8,
+    /// UDP flows open at once on this server, each holding one of the host's ports (default: half its ephemeral port range).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_flows: Option<u32>,
+    /// UDP flows open at once per client key, for the token, or for anonymous clients (default: an eighth of the ephemeral port range).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_flows_per_client: Option<u32>,
+    /// A UDP flow a client opened ends after this long without a datagram either way.
+    #[arg(long, value_name = "DURATION", default_value = "180s", value_parser = parse_span)]
+    pub flow_idle: std::time::Duration,
     #[command(flatten)]
     pub session: SessionArgs,
 }

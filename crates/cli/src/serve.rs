@@ -56,6 +56,20 @@ pub(crate) async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
         ),
     };
     cfg.session.max_stripes = a.max_stripes;
+    cfg.session.flow_idle = a.flow_idle.max(std::time::Duration::from_secs(1));
+    cfg.flows = longhaul_forward::flow_ports::FlowPorts::new(
+        a.max_flows
+            .map_or_else(longhaul_forward::flow_ports::default_total, |n| n as usize),
+        a.max_flows_per_client
+            .map_or_else(longhaul_forward::flow_ports::default_per_client, |n| {
+                n as usize
+            }),
+    );
+    tracing::debug!(
+        max_flows = cfg.flows.total(),
+        per_client = cfg.flows.per_client(),
+        "UDP flow bounds"
+    );
     cfg.congestion = a.session.congestion.clone();
     if let Some(dir) = &a.files {
         let files = longhaul_files::serve::FileServer::open(dir)

@@ -16,6 +16,8 @@ use longhaul_session::logs::{escaped, shown, Refusals, Throttle};
 /// Lines about transfers that went well, for the whole process: a client
 /// asking for many empty files cannot fill the disk with them.
 static TRANSFERS: Throttle = Throttle::new();
+/// Failed requests logged (a line each), across the process.
+static FAILURES: Throttle = Throttle::new();
 use longhaul_session::{LocalStream, ServicePipe};
 use rustix::fs::{AtFlags, FlockOperation, OFlags};
 
@@ -251,7 +253,9 @@ impl FileServer {
             }
             // Said in the trailer; the stream goes on.
             Err(TransferError::Local(msg)) => {
-                tracing::warn!(%peer, path = %shown(&show(rel)), "file not sent: {}", shown(&msg));
+                if FAILURES.pass("failed file requests") {
+                    tracing::warn!(%peer, path = %shown(&show(rel)), "file not sent: {}", shown(&msg));
+                }
                 Ok(())
             }
             Err(e) => Err(Failure::Ended(e.to_string())),
@@ -274,7 +278,9 @@ impl FileServer {
             }
         }
         let part = Part::open(dir, name).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::PermissionDenied {
+            if e.kind() == std::io::ErrorKind::PermissionDenied
+                && FAILURES.pass("failed file requests")
+            {
                 let (path, why) = (escaped(show(rel)), escaped(&e));
                 tracing::warn!(%peer, %path, "partial upload refused: {why}");
             }

@@ -18,6 +18,7 @@ pub mod connect;
 mod dial;
 pub mod doctor;
 mod drain;
+pub mod flow_ports;
 pub mod http_connect;
 pub mod known_hosts;
 pub mod metrics;

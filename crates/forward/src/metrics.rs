@@ -37,16 +37,19 @@ pub enum Refusal {
     BindNotAllowed,
     /// The file service, to a client without access.
     FilesNotAllowed,
+    /// A UDP flow past `--max-flows` or `--max-flows-per-client`.
+    FlowLimit,
 }
 
 impl Refusal {
-    const ALL: [Refusal; 6] = [
+    const ALL: [Refusal; 7] = [
         Refusal::SessionLimit,
         Refusal::Handshake,
         Refusal::NotAuthenticated,
         Refusal::TargetNotAllowed,
         Refusal::BindNotAllowed,
         Refusal::FilesNotAllowed,
+        Refusal::FlowLimit,
     ];
     fn label(self) -> &'static str {
         match self {
@@ -56,6 +59,7 @@ impl Refusal {
             Refusal::TargetNotAllowed => "target_not_allowed",
             Refusal::BindNotAllowed => "bind_not_allowed",
             Refusal::FilesNotAllowed => "files_not_allowed",
+            Refusal::FlowLimit => "flow_limit",
         }
     }
 }

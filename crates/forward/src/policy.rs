@@ -121,7 +121,10 @@ impl Policy {
                     .all(|r| r.allows_name(t, &host, port) || r.has_address_rules(t)),
             };
             if !allowed {
-                return Some(format!("the rules no longer allow its stream to {d}"));
+                return Some(format!(
+                    "the rules no longer allow its stream to {}",
+                    longhaul_session::logs::shown(d)
+                ));
             }
         }
         None

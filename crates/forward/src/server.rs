@@ -16,7 +16,7 @@ use crate::pending::Pending;
 use crate::policy::{Policy, PolicyCell};
 use crate::server_config::Ends;
 pub use crate::server_config::{host_instance, ServerConfig};
-use crate::server_session::{authenticate, run_session, serve_carrier};
+use crate::server_session::{admit, authenticate, run_admitted, serve_carrier, Admitted};
 use crate::sessions::{Live, Slots};
 
 pub struct Server {
@@ -245,11 +245,13 @@ impl Serving {
         .take(from)
     }
 
-    /// Runs a carrier's own handshake (TLS, WebSocket upgrade) and its
-    /// authentication under one deadline, then its session. `gate`: the
-    /// carrier's place while it authenticates (a pending ticket, which a
-    /// flood may take away; a session slot is taken only if it starts a new
-    /// session, not for a resume or a lane), or a slot it already holds.
+    /// Runs a carrier's own handshake (TLS, WebSocket upgrade), its
+    /// authentication, the hello and the attach exchange under one
+    /// deadline (`--handshake-timeout` from accept to a running session),
+    /// then its session. `gate`: the carrier's place until it is a session
+    /// or part of one — a pending ticket (which a flood may take away; a
+    /// new session takes a slot under `--max-sessions` before the ticket
+    /// goes, a resume or a lane none), or a slot it already holds.
     async fn handshake_and_serve(
         self,
         from: String,
@@ -263,7 +265,15 @@ impl Serving {
         let deadline = tokio::time::Instant::now() + limit;
         let config = self.config.clone();
         let policy = self.policy.clone();
-        let authed = async {
+        let slots = Slots {
+            sem: self.slots.clone(),
+            config: self.config.clone(),
+        };
+        let slots = match gate {
+            Gate::Pending(_) => Some(&slots),
+            Gate::Slot(_) => None,
+        };
+        let admitted = async {
             let (mut carrier, key) = match tokio::time::timeout_at(deadline, setup).await {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) if is_unheard(&e) => return Err(UNHEARD.to_string()),
@@ -279,44 +289,58 @@ impl Serving {
                 }
             };
             let who = authenticate(&mut carrier, key, &config, &policy, true, deadline).await?;
-            Ok((carrier, key, who))
+            let named = (from.clone(), ends);
+            let asked = admit(
+                carrier,
+                key,
+                who,
+                named,
+                &config,
+                &policy,
+                false,
+                &self.resumables,
+                slots,
+            );
+            match tokio::time::timeout_at(deadline, asked).await {
+                Ok(r) => r,
+                Err(_) => {
+                    config.metrics.refused(Refusal::Handshake);
+                    Err(format!(
+                        "refused carrier: no session within {limit:?} of its connection (--handshake-timeout)"
+                    ))
+                }
+            }
         };
-        let slots = Slots {
-            sem: self.slots.clone(),
-            config: self.config.clone(),
-        };
-        let (authed, _permit, slots) = match gate {
-            Gate::Slot(permit) => (authed.await, permit, None),
+        let (admitted, _gate_slot) = match gate {
+            Gate::Slot(permit) => (admitted.await, permit),
             Gate::Pending(ticket) => {
-                let Some(authed) = ticket.run(authed).await else {
+                let Some(admitted) = ticket.run(admitted).await else {
                     self.config.metrics.refused(Refusal::Handshake);
                     return tracing::debug!(%from, "dropped a pending handshake to make room");
                 };
-                (authed, None, Some(&slots))
+                (admitted, None)
             }
         };
-        let (carrier, key, who) = match authed {
-            Ok(a) => a,
-            Err(e) if e == UNHEARD => return tracing::debug!(%from, "{e} (a check?)"),
-            Err(e) => return tracing::warn!(%from, "{e}"),
-        };
-        let served = run_session(
-            carrier,
-            key,
-            who,
-            (from.clone(), ends),
-            self.config.clone(),
-            &self.policy,
-            Some(&self.live),
-            &self.resumables,
-            slots,
-        );
-        match served.await {
-            Ok(what) => tracing::info!(%from, "{what}"),
-            Err(e) => tracing::warn!(%from, "{e}"),
+        match admitted {
+            Ok(Admitted::New { handle, slot, who }) => {
+                let _slot = slot;
+                let line = run_admitted(handle, &who, &from, &self.config, Some(&self.live));
+                tracing::info!(%from, "{}", line.await);
+            }
+            Ok(Admitted::Attached(what)) => tracing::info!(%from, "{what}"),
+            Err(e) if e == UNHEARD => tracing::debug!(%from, "{e} (a check?)"),
+            Err(e) => {
+                if REFUSED.pass("refused carriers") {
+                    tracing::warn!(%from, "{e}");
+                }
+            }
         }
     }
 }
+
+/// Refused carriers logged, across the server: an authenticated peer (or,
+/// before authentication, anyone) can make one per connection.
+static REFUSED: longhaul_session::logs::Throttle = longhaul_session::logs::Throttle::new();
 
 /// A connection closed this soon after it was accepted, without a byte,
 /// is taken for a check (load balancers close theirs at once).

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 
 use crate::auth::Authenticated;
 use crate::connect::{allowed_addrs, connect_any, connect_udp, target};
+use crate::flow_ports::FlowPorts;
 use crate::metrics::{Metrics, Refusal};
 use crate::policy::{Grants, Policy, PolicyCell, Who};
 use crate::rules::Transport;
@@ -26,6 +27,8 @@ pub(crate) struct ServerAcceptor {
     pub(crate) who: Who,
     files: Option<Arc<FileServer>>,
     metrics: Arc<Metrics>,
+    /// The server's UDP flows, and this client's name among them.
+    flows: (Arc<FlowPorts>, String),
     peer: String,
     /// The first carrier's TCP ends, if it had any.
     ends: Option<Ends>,
@@ -47,6 +50,7 @@ impl ServerAcceptor {
             who: who.into(),
             files: config.files.clone(),
             metrics: config.metrics.clone(),
+            flows: (config.flows.clone(), flow_client(who)),
             refusals: Arc::new(Refusals::new(peer.clone())),
             peer,
             ends,
@@ -63,6 +67,15 @@ impl ServerAcceptor {
                 "no longer authorized",
             )),
         }
+    }
+}
+
+/// Whose share of the server's UDP flows a session's flows take.
+fn flow_client(who: &Authenticated) -> String {
+    match who {
+        Authenticated::Key(fp, _) => format!("key {fp}"),
+        Authenticated::Token => "token".into(),
+        Authenticated::Anonymous => "anonymous".into(),
     }
 }
 
@@ -109,6 +122,7 @@ impl Acceptor for ServerAcceptor {
             return Box::pin(async move { r });
         }
         let refusals = self.refusals.clone();
+        let (ports, client) = self.flows.clone();
         Box::pin(async move {
             let allowed = async {
                 let (t, host, port) = target(&dest)?;
@@ -132,7 +146,15 @@ impl Acceptor for ServerAcceptor {
             };
             let sock: LocalStream = match t {
                 Transport::Tcp => connect_any(&addrs).await?.into(),
-                Transport::Udp => LocalStream::Udp(connect_udp(&addrs).await?),
+                Transport::Udp => {
+                    // A port of the host's for as long as the flow lives.
+                    let lease = ports.lease(&client).map_err(|why| {
+                        metrics.refused(Refusal::FlowLimit);
+                        OpenRefused::new(Reason::GENERAL_FAILURE, why)
+                    })?;
+                    let sock = LocalStream::Udp(connect_udp(&addrs).await?);
+                    LocalStream::Leased(Box::new(sock), Box::new(lease))
+                }
             };
             // A reload during the connect (up to its timeout) must not let
             // through what it now refuses: if the policy changed, its rules
@@ -331,8 +353,13 @@ async fn reverse_accept_loop(
             match session.open(&dest).await {
                 Ok(opened) => opened.attach(sock),
                 Err(e) => {
-                    let (dest, why) = (shown(&dest), escaped(&e));
-                    tracing::info!(%from, %dest, "reverse stream failed: {why}")
+                    // The client answers each connection: a line each, throttled.
+                    static FAILED: longhaul_session::logs::Throttle =
+                        longhaul_session::logs::Throttle::new();
+                    if FAILED.pass("failed reverse streams") {
+                        let (dest, why) = (shown(&dest), escaped(&e));
+                        tracing::info!(%from, %dest, "reverse stream failed: {why}")
+                    }
                 }
             }
         });

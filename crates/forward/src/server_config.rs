@@ -11,6 +11,7 @@ use longhaul_files::Access;
 use longhaul_session::SessionConfig;
 
 use crate::auth::ServerAuth;
+use crate::flow_ports::FlowPorts;
 use crate::metrics::Metrics;
 use crate::rules::{BindRules, Rules};
 
@@ -44,6 +45,9 @@ pub struct ServerConfig {
     pub files_without_key: Option<Access>,
     /// What the server counts (shown with `--metrics`).
     pub metrics: Arc<Metrics>,
+    /// UDP flows open at once, in all and per client identity
+    /// (`--max-flows`, `--max-flows-per-client`; see `flow_ports`).
+    pub flows: Arc<FlowPorts>,
     /// On stop, how long sessions with open streams are kept while their
     /// clients move to other servers (`--drain-timeout`; 0: close at once).
     /// Default 30 s.
@@ -72,6 +76,7 @@ impl Default for ServerConfig {
             files: None,
             files_without_key: None,
             metrics: Metrics::new(),
+            flows: FlowPorts::host_defaults(),
             drain_timeout: DRAIN_TIMEOUT,
         }
     }

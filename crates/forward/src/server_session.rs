@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use longhaul_carrier::Carrier;
-use longhaul_session::{Resumables, Served, Session};
+use longhaul_session::{Resumables, Served, Session, SessionHandle};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::auth::{read_preamble, Authenticated};
 use crate::metrics::Refusal;
@@ -28,11 +29,18 @@ pub(crate) async fn serve_carrier(
 ) -> Result<String, String> {
     let deadline = tokio::time::Instant::now() + config.session.handshake_timeout;
     let who = authenticate(&mut carrier, key, &config, policy, live.is_some(), deadline).await?;
-    let named = (from, None);
-    run_session(
-        carrier, key, who, named, config, policy, live, resumables, None,
+    let named = (from.clone(), None);
+    let pipe = live.is_none();
+    match admit(
+        carrier, key, who, named, &config, policy, pipe, resumables, None,
     )
-    .await
+    .await?
+    {
+        Admitted::New { handle, who, .. } => {
+            Ok(run_admitted(handle, &who, &from, &config, live).await)
+        }
+        Admitted::Attached(what) => Ok(what.into()),
+    }
 }
 
 /// Reads the preamble and decides who the peer is (`checked`: false for
@@ -79,24 +87,42 @@ pub(crate) async fn authenticate(
         })
 }
 
-/// Runs an authenticated carrier's session (new, resumed or joined).
+/// What an authenticated carrier became.
+pub(crate) enum Admitted {
+    /// A new session, running, with the slot it holds under
+    /// `--max-sessions` (None: the carrier held one already, or is the
+    /// trusted pipe).
+    New {
+        handle: SessionHandle,
+        slot: Option<OwnedSemaphorePermit>,
+        who: Authenticated,
+    },
+    /// A resume or a lane of a session that runs already.
+    Attached(&'static str),
+}
+
+/// Runs the hello and the attach exchange of an authenticated carrier;
+/// a new session takes its slot (`slots`) before it starts, so nothing a
+/// refused one pipelined is acted on. The caller bounds this by the
+/// carrier's one handshake deadline.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn run_session(
+pub(crate) async fn admit(
     carrier: Carrier,
     key: Option<longhaul_carrier::Fingerprint>,
     who: Authenticated,
     // Its name for the log, and its TCP ends if it has them.
     (from, ends): (String, Option<Ends>),
-    config: Arc<ServerConfig>,
+    config: &Arc<ServerConfig>,
     policy: &PolicyCell,
-    live: Option<&Live>,
+    // The trusted pipe of `--stdio`.
+    pipe: bool,
     resumables: &Arc<Resumables>,
     // Where a new session takes its slot under --max-sessions (None: the
     // carrier holds one already, or is the trusted pipe).
     slots: Option<&Slots>,
-) -> Result<String, String> {
-    let mut acceptor = ServerAcceptor::new(&config, policy, &who, from.clone(), ends);
-    if live.is_none() {
+) -> Result<Admitted, String> {
+    let mut acceptor = ServerAcceptor::new(config, policy, &who, from.clone(), ends);
+    if pipe {
         acceptor.who = Who::Pipe;
     }
     let acceptor = Arc::new(acceptor);
@@ -117,28 +143,48 @@ pub(crate) async fn run_session(
     )
     .await;
     match served {
-        Ok(Served::New(h)) => {
-            let _permit = match slots.map(|s| s.take(&from)) {
+        Ok(Served::New(asked)) => {
+            let slot = match slots.map(|s| s.take(&from)) {
                 Some(None) => {
-                    h.close("session limit reached (--max-sessions)");
+                    asked.refuse_busy().await;
                     return Err("session refused: session limit reached".into());
                 }
                 Some(Some(p)) => Some(p),
                 None => None,
             };
-            tracing::info!(%from, who = %who.who(), resumable = h.is_resumable(), "session started");
-            let id = live.map(|l| l.add(h.clone(), Who::from(&who)));
-            let _tracked = config.metrics.track(&from, &h);
-            // A detached session keeps this task, and so its slot under
-            // --max-sessions, until it ends.
-            let why = h.closed().await;
-            if let (Some(l), Some(id)) = (live, id) {
-                l.remove(id);
-            }
-            Ok(format!("session ended: {why}"))
+            let handle = asked
+                .start()
+                .await
+                .map_err(|e| format!("session refused: {e}"))?;
+            Ok(Admitted::New { handle, slot, who })
         }
-        Ok(Served::Resumed(_)) => Ok("carrier handed to the session it resumed".into()),
-        Ok(Served::Joined(_)) => Ok("carrier added as a lane of a striped session".into()),
+        Ok(Served::Resumed(_)) => Ok(Admitted::Attached(
+            "carrier handed to the session it resumed",
+        )),
+        Ok(Served::Joined(_)) => Ok(Admitted::Attached(
+            "carrier added as a lane of a striped session",
+        )),
         Err(e) => Err(format!("session refused: {e}")),
     }
+}
+
+/// Runs an admitted new session to its end (its slot held by the
+/// caller); returns the line to log.
+pub(crate) async fn run_admitted(
+    h: SessionHandle,
+    who: &Authenticated,
+    from: &str,
+    config: &ServerConfig,
+    live: Option<&Live>,
+) -> String {
+    tracing::info!(%from, who = %who.who(), resumable = h.is_resumable(), "session started");
+    let id = live.map(|l| l.add(h.clone(), Who::from(who)));
+    let _tracked = config.metrics.track(from, &h);
+    // A detached session keeps this task, and so its slot under
+    // --max-sessions, until it ends.
+    let why = h.closed().await;
+    if let (Some(l), Some(id)) = (live, id) {
+        l.remove(id);
+    }
+    format!("session ended: {why}")
 }

@@ -63,8 +63,12 @@ impl Slots {
         from: &dyn std::fmt::Display,
     ) -> Option<tokio::sync::OwnedSemaphorePermit> {
         let permit = self.sem.clone().try_acquire_owned().ok();
+        // At most 10 lines a second: a client may ask again and again.
+        static LOGGED: longhaul_session::logs::Throttle = longhaul_session::logs::Throttle::new();
         if permit.is_none() {
             self.config.metrics.refused(Refusal::SessionLimit);
+        }
+        if permit.is_none() && LOGGED.pass("refusals for the session limit") {
             tracing::warn!(%from, limit = self.config.max_sessions, "refusing carrier: session limit reached (--max-sessions)");
         }
         permit

@@ -221,15 +221,17 @@ async fn associate(mut ctl: TcpStream, session: SessionHandle, host: String, por
     if ctl.write_all(&answer).await.is_err() {
         return;
     }
-    // Only the client that asked: the address and port it named, or else
-    // its TCP connection's address and the port of its first datagram.
-    let named = host
+    // Only the client that asked: the address it named (else its TCP
+    // connection's), from the port it named (else the port of the first
+    // datagram that parses from that address: junk sent first by another
+    // local program does not take the association).
+    let ip = host
         .parse::<IpAddr>()
         .ok()
-        .filter(|ip| !ip.is_unspecified());
-    let mut client = named
-        .filter(|_| port != 0)
-        .map(|ip| SocketAddr::new(ip, port));
+        .filter(|ip| !ip.is_unspecified())
+        .unwrap_or(peer.ip());
+    let port = (port != 0).then_some(port);
+    let mut client = port.map(|p| SocketAddr::new(ip, p));
     let flows: Flows<(String, u16)> = Flows::new(MAX_ASSOCIATION_FLOWS);
     let current = session.clone();
     let session_closed = async move {
@@ -249,12 +251,11 @@ async fn associate(mut ctl: TcpStream, session: SessionHandle, host: String, por
                 let Ok((n, from)) = r else { continue };
                 let ours = match client {
                     Some(c) => c == from,
-                    None => from.ip() == peer.ip(),
+                    None => from.ip().to_canonical() == ip.to_canonical(),
                 };
                 if !ours {
                     continue;
                 }
-                client = Some(from);
                 let (host, port, at) = match parse_udp(&buf[..n]) {
                     Ok(x) => x,
                     Err(why) => {
@@ -267,6 +268,7 @@ async fn associate(mut ctl: TcpStream, session: SessionHandle, host: String, por
                 if !crate::udp::fits(n - at) {
                     continue;
                 }
+                client = Some(from);
                 let payload = Bytes::copy_from_slice(&buf[at..n]);
                 let dest = format_target(Transport::Udp, &host, port);
                 let mut header = vec![0, 0, 0];

@@ -105,6 +105,12 @@ pub enum Refusal {
     Denied,
     /// The client's offset does not fit what the server sent.
     BadOffset,
+    /// No session slot is free (`--max-sessions`): a new session is
+    /// refused before anything it sent is acted on.
+    Busy,
+    /// The striped session has every lane it was granted (the server has
+    /// not yet seen a lost one go).
+    LanesFull,
 }
 
 impl Refusal {
@@ -113,6 +119,10 @@ impl Refusal {
             Refusal::Unknown => "no such session on the server (expired, or the server restarted)",
             Refusal::Denied => "the server did not accept the proof of the session",
             Refusal::BadOffset => "the offsets of the two sides do not fit",
+            Refusal::Busy => "the server has no session slot free (its --max-sessions is reached)",
+            Refusal::LanesFull => {
+                "the server still counts every lane it granted the session (a lost one not yet seen gone)"
+            }
         }
     }
 }
@@ -338,6 +348,8 @@ impl Attached {
                     Refusal::Unknown => 2,
                     Refusal::Denied => 3,
                     Refusal::BadOffset => 4,
+                    Refusal::Busy => 6,
+                    Refusal::LanesFull => 7,
                 };
             }
         }
@@ -370,6 +382,8 @@ impl Attached {
             2 => Attached::Refused(Refusal::Unknown),
             3 => Attached::Refused(Refusal::Denied),
             4 => Attached::Refused(Refusal::BadOffset),
+            6 => Attached::Refused(Refusal::Busy),
+            7 => Attached::Refused(Refusal::LanesFull),
             k => return Err(ResumeError::BadKind(k)),
         })
     }
@@ -503,6 +517,8 @@ mod tests {
             },
             Attached::Refused(Refusal::Unknown),
             Attached::Refused(Refusal::Denied),
+            Attached::Refused(Refusal::Busy),
+            Attached::Refused(Refusal::LanesFull),
             Attached::Refused(Refusal::BadOffset),
         ] {
             assert_eq!(Attached::decode(&a.encode()), Ok(a));

@@ -90,6 +90,10 @@ pub struct SessionConfig {
     /// of the session carry it for a load balancer to route on. None: no
     /// name (and on a client, unused).
     pub instance: Option<String>,
+    /// A UDP flow the peer opened here ends after this long without a
+    /// datagram either way (the opening side's own timers are shorter:
+    /// this one holds when a peer never closes its flows). Default 180 s.
+    pub flow_idle: Duration,
 }
 
 impl Default for SessionConfig {
@@ -115,6 +119,7 @@ impl Default for SessionConfig {
             idle_timeout: None,
             rtt_floor: Duration::from_millis(1),
             instance: None,
+            flow_idle: Duration::from_secs(180),
         }
     }
 }
@@ -157,7 +162,7 @@ pub enum SessionError {
     HelloTimeout(Duration),
     #[error("{0}")]
     Attach(#[from] longhaul_proto::resume::ResumeError),
-    #[error("resume refused: {}", .0.as_str())]
+    #[error("server refused: {}", .0.as_str())]
     ResumeRefused(longhaul_proto::resume::Refusal),
     #[error("peer does not offer session resume")]
     NoResume,

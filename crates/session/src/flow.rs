@@ -10,6 +10,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use longhaul_carrier::udp_batch;
@@ -55,14 +56,35 @@ impl Drop for Flow {
 pub static DELIVERY_DROPS: AtomicU64 = AtomicU64::new(0);
 
 /// A connected socket as the sink: answers go to the destination.
-struct Connected(Arc<UdpSocket>);
+struct Connected {
+    /// The flow's task holds the socket: it (and the port) goes when the
+    /// task ends, whether or not the peer answers our CLOSE.
+    sock: std::sync::Weak<UdpSocket>,
+    /// When a datagram last went either way (ms since `since`).
+    last: AtomicU64,
+    since: std::time::Instant,
+}
+
+impl Connected {
+    fn touch(&self) {
+        let ms = self.since.elapsed().as_millis() as u64;
+        self.last.store(ms, Ordering::Relaxed);
+    }
+
+    fn idle(&self) -> Duration {
+        let ms = self.since.elapsed().as_millis() as u64;
+        Duration::from_millis(ms.saturating_sub(self.last.load(Ordering::Relaxed)))
+    }
+}
 
 impl DatagramSink for Connected {
     fn deliver(&self, payload: Bytes) {
+        self.touch();
         // A full socket buffer, or the destination's ICMP "port
         // unreachable" reported on this send: the datagram is lost, as
         // it would be on the network.
-        if self.0.try_send(&payload).is_err() {
+        let sent = self.sock.upgrade().map(|s| s.try_send(&payload));
+        if !matches!(sent, Some(Ok(_))) {
             DELIVERY_DROPS.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -77,19 +99,40 @@ const BATCH: usize = 4;
 
 /// Relays between flow `id` (opened by the peer) and `sock`, connected to
 /// its destination, until the flow ends. An idle flow holds no buffer.
-pub(crate) fn spawn_connected(shared: &Arc<Shared>, id: u32, sock: UdpSocket) {
+pub(crate) fn spawn_connected(
+    shared: &Arc<Shared>,
+    id: u32,
+    sock: UdpSocket,
+    lease: Option<Arc<crate::local::Lease>>,
+) {
     let local = sock.peer_addr().ok().map(|a| a.to_string());
     let sock = Arc::new(sock);
-    if !shared.attach_flow(id, Arc::new(Connected(sock.clone()))) {
+    let sink = Arc::new(Connected {
+        sock: Arc::downgrade(&sock),
+        last: AtomicU64::new(0),
+        since: std::time::Instant::now(),
+    });
+    if !shared.attach_flow(id, sink.clone()) {
         // It finished already: nothing of it is kept.
         shared.forget_unattached(id);
         return;
     }
     let me = shared.clone();
+    let idle_limit = shared.config.flow_idle;
     let task = shared.spawn(async move {
+        // Held as long as the flow's socket.
+        let _lease = lease;
         loop {
-            if sock.readable().await.is_err() {
+            // A flow idle for `flow_idle` either way ends here, whatever
+            // the peer does: its socket (a port) is not held forever.
+            let idle = sink.idle();
+            if idle >= idle_limit {
                 return me.with(|m, _| m.abort(id));
+            }
+            match tokio::time::timeout(idle_limit - idle, sock.readable()).await {
+                Err(_) => continue,
+                Ok(Err(_)) => return me.with(|m, _| m.abort(id)),
+                Ok(Ok(())) => {}
             }
             // One byte more than a frame holds: a longer datagram is seen
             // as such (and dropped), never cut. Uninitialised, and only
@@ -102,6 +145,9 @@ pub(crate) fn spawn_connected(shared: &Arc<Shared>, id: u32, sock: UdpSocket) {
                 match udp_batch::try_recv(&sock, &mut bufs, &mut [], true) {
                     Ok(n) => {
                         taken += n;
+                        if n > 0 {
+                            sink.touch();
+                        }
                         for b in bufs.iter().take(n).filter(|b| b.len() <= MAX_DATAGRAM) {
                             let payload = Bytes::copy_from_slice(b);
                             // Dropped when it cannot go: counted by the core.

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use longhaul_carrier::Carrier;
 
+use crate::admit::NewSession;
 use crate::config::{OpenRefused, Role, SessionConfig, SessionError, SessionStats};
 use crate::flow::{DatagramSink, Flow};
 use crate::local::LocalStream;
@@ -115,8 +116,13 @@ impl Session {
     ) -> Result<Served, SessionError> {
         let n = hello(&mut carrier, &config).await?;
         if !n.resume {
-            let h = build(carrier, config, acceptor, &n, Role::Server, None);
-            return Ok(Served::New(h));
+            return Ok(Served::New(NewSession {
+                carrier,
+                config,
+                acceptor,
+                negotiated: n,
+                resumable: None,
+            }));
         }
         crate::resume::serve_attach(carrier, config, acceptor, resumables, identity, &n).await
     }

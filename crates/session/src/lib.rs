@@ -46,6 +46,7 @@
 //! [`reader`]).
 #![forbid(unsafe_code)]
 
+mod admit;
 mod config;
 mod driver;
 mod flow;
@@ -73,6 +74,7 @@ mod stream_io;
 mod tasks;
 mod writer;
 
+pub use admit::NewSession;
 pub use config::{
     BoxFuture, Mode, OpenRefused, Role, SessionConfig, SessionError, SessionStats, StreamStats,
 };

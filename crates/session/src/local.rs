@@ -19,7 +19,14 @@ pub enum LocalStream {
     Service(crate::pipe::PumpEnd),
     /// A UDP socket `connect`ed to a flow's destination.
     Udp(tokio::net::UdpSocket),
+    /// A local end with something held exactly as long as its pumps run
+    /// (a flow's share of the server's ports).
+    Leased(Box<LocalStream>, Lease),
 }
+
+/// What a [`LocalStream::Leased`] holds: dropped when the stream's pumps
+/// end.
+pub type Lease = Box<dyn std::any::Any + Send + Sync>;
 
 impl From<TcpStream> for LocalStream {
     fn from(s: TcpStream) -> LocalStream {

@@ -9,6 +9,7 @@
 //! touched.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use longhaul_carrier::Carrier;
@@ -19,20 +20,25 @@ use longhaul_proto::resume::{
 use longhaul_proto::stripe::MAX_LANES;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::config::{Role, SessionConfig, SessionError};
+use crate::admit::{NewSession, Resumable};
+use crate::config::{SessionConfig, SessionError};
 use crate::kex::{binding, Share};
 use crate::runtime::{Acceptor, SessionHandle, Shared};
-use crate::start::{build, decode_limits, replay_limit, Negotiated};
+use crate::start::{decode_limits, replay_limit, Negotiated};
 
 /// What [`crate::Session::serve`] did with a carrier.
 pub enum Served {
-    /// A new session on it.
-    New(SessionHandle),
+    /// The client asks for a new session: start it, or refuse it.
+    New(NewSession),
     /// It now carries an existing session that had lost its carrier.
     Resumed(SessionHandle),
     /// It is one more lane of a striped session.
     Joined(SessionHandle),
 }
+
+/// Refused resumes and lanes logged, across sessions: an authenticated
+/// peer can ask as often as it likes.
+static REFUSED: crate::logs::Throttle = crate::logs::Throttle::new();
 
 /// How long a lane for an unknown session waits for it to be filed.
 const LANE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
@@ -44,6 +50,8 @@ const LANE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 #[derive(Default)]
 pub struct Resumables {
     map: Mutex<HashMap<SessionId, Weak<Shared>>>,
+    /// The table's size after its last sweep.
+    swept_at: AtomicUsize,
 }
 
 impl Resumables {
@@ -55,9 +63,15 @@ impl Resumables {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn insert(&self, id: SessionId, s: &Arc<Shared>) {
+    /// Files a new session. Entries of sessions gone are swept when the
+    /// table has doubled since the last sweep (amortised; the sweep looks
+    /// at reference counts only, never at a session's lock).
+    pub(crate) fn insert(&self, id: SessionId, s: &Arc<Shared>) {
         let mut m = self.map();
-        m.retain(|_, w| w.upgrade().is_some_and(|s| !s.is_dead()));
+        if m.len() >= self.swept_at.load(Ordering::Relaxed).max(64) * 2 {
+            m.retain(|_, w| w.strong_count() > 0);
+            self.swept_at.store(m.len(), Ordering::Relaxed);
+        }
         m.insert(id, Arc::downgrade(s));
     }
 
@@ -93,7 +107,7 @@ impl Resumables {
     }
 }
 
-async fn exchange<T>(
+pub(crate) async fn exchange<T>(
     config: &SessionConfig,
     f: impl std::future::Future<Output = Result<T, SessionError>>,
 ) -> Result<T, SessionError> {
@@ -298,7 +312,9 @@ pub(crate) async fn serve_attach(
     let from = carrier.peer.clone();
     let limit = config.handshake_timeout;
     let refuse = |mut carrier: Carrier, r: Refusal, why: String| async move {
-        tracing::warn!(peer = %from, "resume refused: {why}");
+        if REFUSED.pass("refused resumes and lanes") {
+            tracing::warn!(peer = %from, "resume refused: {why}");
+        }
         let _ = tokio::time::timeout(limit, async {
             carrier
                 .writer
@@ -339,17 +355,19 @@ pub(crate) async fn serve_attach(
             if n.instance {
                 msg.extend(instance::encode(config.instance.as_deref()));
             }
-            exchange(&config, async {
-                carrier.writer.write_all(&msg).await?;
-                carrier.writer.flush().await?;
-                Ok(())
-            })
-            .await?;
             let link = LinkLayer::new(limit, peer as usize, lanes, id, secret, identity);
-            let h = build(carrier, config, acceptor, n, Role::Server, Some(link));
-            resumables.insert(id, &h.shared);
-            tracing::debug!(session = %id, "resumable session started");
-            Ok(Served::New(h))
+            Ok(Served::New(NewSession {
+                carrier,
+                config,
+                acceptor,
+                negotiated: n.clone(),
+                resumable: Some(Resumable {
+                    answer: msg,
+                    link,
+                    id,
+                    table: resumables.clone(),
+                }),
+            }))
         }
         Attach::Lane {
             id,

@@ -22,6 +22,7 @@ use crate::runtime::{Acceptor, SessionHandle, Shared};
 const WRITER_GRACE: Duration = Duration::from_secs(2);
 
 /// What the hello settled.
+#[derive(Clone)]
 pub(crate) struct Negotiated {
     pub extensions: bool,
     pub frame_limit: u16,

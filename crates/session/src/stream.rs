@@ -31,8 +31,14 @@ const SHORT_READ_SHARE: usize = 4;
 
 /// Starts relaying between stream `id` and `sock`: its two pumps.
 pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
+    let (sock, lease) = match sock {
+        LocalStream::Leased(sock, lease) => (*sock, Some(Arc::new(lease))),
+        sock => (sock, None),
+    };
     let sock = match sock {
-        LocalStream::Udp(sock) => return crate::flow::spawn_connected(shared, id, sock),
+        LocalStream::Udp(sock) => return crate::flow::spawn_connected(shared, id, sock, lease),
+        // Leases are not nested.
+        LocalStream::Leased(sock, _) => *sock,
         other => other,
     };
     let Some(io) = shared.pumps_io(id) else {
@@ -40,13 +46,17 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
     };
     let local = match &sock {
         LocalStream::Tcp(s) => s.peer_addr().ok().map(|a| a.to_string()),
-        LocalStream::Unix(_) | LocalStream::Service(_) | LocalStream::Udp(_) => None,
+        _ => None,
     };
     let up = match sock {
         LocalStream::Tcp(sock) => {
             let _ = longhaul_carrier::tune_socket(&sock);
             let (r, w) = sock.into_split();
-            shared.spawn(downlink(shared.clone(), id, io.clone(), w));
+            let (held, down) = (lease, downlink(shared.clone(), id, io.clone(), w));
+            shared.spawn(async move {
+                down.await;
+                drop(held);
+            });
             shared.spawn(uplink(shared.clone(), id, io, r))
         }
         LocalStream::Unix(sock) => {
@@ -64,7 +74,7 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
             ));
             shared.spawn(crate::pipe_pumps::uplink(shared.clone(), id, io, r))
         }
-        LocalStream::Udp(_) => return,
+        LocalStream::Udp(_) | LocalStream::Leased(..) => return,
     };
     shared.set_uplink(id, up.abort_handle(), local);
 }

@@ -224,7 +224,7 @@ impl LinkLayer {
             )
         } else if self.carriers.len() >= wanted {
             refused(
-                Refusal::Denied,
+                Refusal::LanesFull,
                 format!("the session has its {wanted} lanes already (a lane more is refused)"),
             )
         } else {

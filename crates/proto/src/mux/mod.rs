@@ -151,6 +151,9 @@ pub enum Event {
     /// The peer is draining (a server about to restart): open the next
     /// streams through a new session; the open ones go on.
     PeerDraining { reason: String },
+    /// We refused the peer's OPEN to `dest` ourselves (`why`: the stream
+    /// limit), for the log: `dest` is the peer's choice, to be escaped.
+    RefusedOpen { dest: String, why: &'static str },
     /// Nothing heard for `dead_after` on a resumable session: drop the
     /// carrier and resume on a new one ([`Mux::set_attached`]).
     CarrierSilent { silent: Duration },

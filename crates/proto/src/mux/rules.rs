@@ -118,17 +118,20 @@ impl Mux {
                 let refuse = if self.goodbye.is_some() {
                     Some("shutting down")
                 } else if self.slots_used() >= self.cfg.max_streams {
-                    tracing::warn!(%dest, limit = self.cfg.max_streams, "refusing stream: stream limit reached");
                     Some("too many streams")
                 } else {
                     None
                 };
                 match refuse {
-                    Some(why) => self.send_control(Frame::OpenFailure {
-                        recipient: sender,
-                        reason: Reason::GENERAL_FAILURE,
-                        description: why.into(),
-                    }),
+                    Some(why) => {
+                        // Logged by the runtime, escaped and throttled.
+                        self.events.push_back(Event::RefusedOpen { dest, why });
+                        self.send_control(Frame::OpenFailure {
+                            recipient: sender,
+                            reason: Reason::GENERAL_FAILURE,
+                            description: why.into(),
+                        })
+                    }
                     None => {
                         self.connecting += 1;
                         self.events.push_back(Event::OpenRequest {
