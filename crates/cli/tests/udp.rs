@@ -205,3 +205,115 @@ fn bench_udp_measures_a_direct_path_and_a_forward() {
         assert!(j["rtt_p50_us"].as_f64().unwrap() > 0.0, "{j}");
     }
 }
+
+/// A UDP echo target on a thread; its port.
+fn udp_echo() -> u16 {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = s.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 2048];
+        while let Ok((n, from)) = s.recv_from(&mut b) {
+            let _ = s.send_to(&b[..n], from);
+        }
+    });
+    port
+}
+
+/// How many of `socks` get their datagram echoed within `wait`.
+fn echoed(socks: &[std::net::UdpSocket], to: u16, wait: std::time::Duration) -> usize {
+    for (i, s) in socks.iter().enumerate() {
+        s.send_to(format!("flow {i}").as_bytes(), ("127.0.0.1", to))
+            .unwrap();
+    }
+    let until = std::time::Instant::now() + wait;
+    let mut answered = 0;
+    for (i, s) in socks.iter().enumerate() {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        s.set_read_timeout(Some(left.max(std::time::Duration::from_millis(1))))
+            .unwrap();
+        let mut b = [0u8; 64];
+        if let Ok(n) = s.recv(&mut b) {
+            assert_eq!(&b[..n], format!("flow {i}").as_bytes());
+            answered += 1;
+        }
+    }
+    answered
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_client_gets_its_share_of_udp_flows_and_the_far_side_ends_idle_ones() {
+    let dir = tmpdir("udp-flow-bounds");
+    let echo = udp_echo();
+    let sport = free_port();
+    let listen = format!("tcp://127.0.0.1:{sport}");
+    let server = spawn_logged(
+        &[
+            "server",
+            "--listen",
+            &listen,
+            "--insecure",
+            "--allow",
+            &format!("udp:127.0.0.1:{echo}"),
+            "--max-flows-per-client",
+            "16",
+            "--flow-idle",
+            "3s",
+            "--control",
+            "none",
+        ],
+        &dir.join("server.log"),
+    );
+    wait_port(sport);
+    let lport = free_udp_port();
+    let log = dir.join("client.log");
+    let _client = spawn_logged(
+        &[
+            "client",
+            &listen,
+            "--insecure",
+            "-L",
+            &format!("udp:{lport}:127.0.0.1:{echo}"),
+            "--control",
+            "none",
+        ],
+        &log,
+    );
+    wait_until(10, "the client forwarding", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("forwarding udp:"))
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let idle_fds = open_fds(server.pid());
+    // 40 sources, a flow each: the client's share is 16.
+    let socks: Vec<_> = (0..40)
+        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let n = echoed(&socks, lport, std::time::Duration::from_millis(1500));
+    assert_eq!(n, 16, "flows answered past --max-flows-per-client 16");
+    let held = open_fds(server.pid());
+    assert!(held >= idle_fds + 16, "{held} descriptors, {idle_fds} idle");
+    // Quiet for longer than --flow-idle: the server ends them itself, and
+    // their ports go back.
+    wait_until(10, "the server to end idle flows", || {
+        open_fds(server.pid()) < idle_fds + 4
+    });
+    drop(socks);
+    let again: Vec<_> = (0..8)
+        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    assert_eq!(
+        echoed(&again, lport, std::time::Duration::from_secs(3)),
+        8,
+        "flows after the idle ones ended"
+    );
+    let text = std::fs::read_to_string(dir.join("server.log")).unwrap();
+    let refusals = text.matches("refusing UDP flows").count();
+    assert_eq!(refusals, 1, "the refusal is logged once: {text}");
+    assert!(text.contains("--max-flows-per-client"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

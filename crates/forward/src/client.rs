@@ -87,6 +87,7 @@ async fn accept_loop(
                             // Dropping `sock` closes it: a prompt, clear failure.
                             // The server's words, escaped.
                             let e = longhaul_session::logs::escaped(&e);
+                            // not peer text: dest is the -L target the user gave
                             tracing::info!(%from, %dest, "forward failed: {e}");
                         }
                     }

@@ -101,6 +101,7 @@ pub(crate) async fn connect(
     if let (Some((v, None)), Some(kh)) = (&verifier, &config.known_hosts) {
         if let Some(seen) = v.seen() {
             kh.remember(&host, seen).map_err(|e| anyhow!(e))?;
+            // not peer text: host is the server the user named
             tracing::warn!(
                 "first connection to {host}: trusting its key {seen} from now on (saved in {})",
                 kh.path().display()

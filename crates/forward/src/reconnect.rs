@@ -416,6 +416,7 @@ async fn rebind(config: &ClientConfig, session: &SessionHandle, ports: &[u16]) {
             Ok(p) => tracing::info!("-R {}:{p} -> {}:{} open again", r.bind, r.host, r.host_port),
             Err(e) => {
                 let e = longhaul_session::logs::escaped(&e);
+                // not peer text: the -R the user gave
                 tracing::error!("server refused -R {bind} on the new session: {e}")
             }
         }

@@ -315,3 +315,68 @@ async fn socks5_udp_associate_relays_datagrams_and_ends_with_its_connection() {
     assert!(r.is_err(), "relayed after the association ended");
     assert_eq!(got.load(Ordering::Relaxed), before);
 }
+
+/// Asks for a UDP association naming `0.0.0.0:port` as where the client
+/// will send from.
+async fn associate_from(proxy: SocketAddr, port: u16) -> (tokio::net::TcpStream, SocketAddr) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    c.write_all(&[5, 1, 0]).await.unwrap();
+    let mut m = [0u8; 2];
+    c.read_exact(&mut m).await.unwrap();
+    let p = port.to_be_bytes();
+    c.write_all(&[5, 3, 0, 1, 0, 0, 0, 0, p[0], p[1]])
+        .await
+        .unwrap();
+    let mut r = [0u8; 10];
+    c.read_exact(&mut r).await.unwrap();
+    assert_eq!(&r[..4], &[5, 0, 0, 1], "UDP ASSOCIATE refused");
+    let ip = std::net::Ipv4Addr::new(r[4], r[5], r[6], r[7]);
+    (
+        c,
+        SocketAddr::new(ip.into(), u16::from_be_bytes([r[8], r[9]])),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socks5_association_is_not_taken_by_another_local_program() {
+    let (echo, _got) = udp_echo().await;
+    let server = start_server(
+        allow(&[&format!("udp:127.0.0.1:{}", echo.port())]),
+        BindRules::default(),
+    )
+    .await;
+    let mut cfg = client_config(server);
+    cfg.socks = vec!["127.0.0.1:0".parse().unwrap()];
+    let client = Client::start(cfg).await.unwrap();
+    let proxy = client.socks_addrs[0];
+    let mut query = socks_header(0, "127.0.0.1", echo.port());
+    query.extend_from_slice(b"mine");
+    let mut buf = [0u8; 100];
+
+    // The client named 0.0.0.0:0: junk sent first by another program on
+    // the same address does not take the association.
+    let (_ctl, relay) = within(10, associate(proxy)).await;
+    let intruder = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    intruder.send_to(b"junk", relay).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let answer = within(20, ask(&s, relay, &query)).await;
+    check_answer(b"mine", &answer[query.len() - 4..]);
+    // Bound to the client now: the intruder's well-formed datagram gets
+    // nothing.
+    intruder.send_to(&query, relay).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_millis(700), intruder.recv_from(&mut buf)).await;
+    assert!(r.is_err(), "the intruder was answered");
+
+    // The client named the port it sends from: a well-formed datagram
+    // from another port, sent first, gets nothing and takes nothing.
+    let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let port = s.local_addr().unwrap().port();
+    let (_ctl2, relay) = within(10, associate_from(proxy, port)).await;
+    intruder.send_to(&query, relay).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_millis(700), intruder.recv_from(&mut buf)).await;
+    assert!(r.is_err(), "the intruder was answered");
+    let answer = within(20, ask(&s, relay, &query)).await;
+    check_answer(b"mine", &answer[query.len() - 4..]);
+}

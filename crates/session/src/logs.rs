@@ -182,6 +182,131 @@ mod tests {
         );
     }
 
+    /// Fields that hold what a peer (or a folder's writer) chose.
+    const PEER_FIELDS: [&str; 7] = [
+        "dest",
+        "bind",
+        "path",
+        "description",
+        "reason",
+        "instance",
+        "host",
+    ];
+
+    /// Every `tracing` macro in the workspace's sources, with the lines
+    /// before it: (file:line, the lines before, the macro's text).
+    fn log_calls() -> Vec<(String, String, String)> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = vec![];
+        let mut dirs = vec![root];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() && !p.ends_with("tests") {
+                    dirs.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    files.push(p);
+                }
+            }
+        }
+        let mut calls = vec![];
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            // Test modules log what they like.
+            let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+            for level in ["trace!(", "debug!(", "info!(", "warn!(", "error!("] {
+                for (at, _) in text.match_indices(&format!("tracing::{level}")) {
+                    let body_at = at + "tracing::".len() + level.len();
+                    let mut depth = 1;
+                    let end = text[body_at..]
+                        .char_indices()
+                        .find(|&(_, c)| {
+                            depth += match c {
+                                '(' => 1,
+                                ')' => -1,
+                                _ => 0,
+                            };
+                            depth == 0
+                        })
+                        .map_or(text.len(), |(i, _)| body_at + i);
+                    let line = text[..at].lines().count();
+                    let before: Vec<&str> = text[..at].lines().rev().take(30).collect();
+                    calls.push((
+                        format!("{}:{line}", f.display()),
+                        before.join("\n"),
+                        text[body_at..end].to_string(),
+                    ));
+                }
+            }
+        }
+        calls
+    }
+
+    /// Whether `body` logs `field` as it came — `%field`, `?field`,
+    /// `{field}` in the text, or `field = %x` with no `shown`/`escaped` —
+    /// and then the name that must have been escaped before (`field`, or
+    /// `x`).
+    fn raw_use(body: &str, field: &str) -> Option<String> {
+        let b = body.as_bytes();
+        let ok = |c: u8| !(c.is_ascii_alphanumeric() || c == b'_');
+        let word = |i: usize, len: usize| {
+            (i == 0 || ok(b[i - 1])) && b.get(i + len).is_none_or(|&c| ok(c))
+        };
+        body.match_indices(field).find_map(|(i, _)| {
+            if !word(i, field.len()) {
+                return None;
+            }
+            let prev = body[..i].chars().next_back();
+            let after = body[i + field.len()..].trim_start();
+            match prev {
+                Some('%') | Some('?') if !after.starts_with('=') => Some(field.to_string()),
+                Some('{') if after.starts_with('}') || after.starts_with(':') => {
+                    Some(field.to_string())
+                }
+                Some('%') | Some('?') | Some('{') => None,
+                _ if after.starts_with('=') && !after.starts_with("==") => {
+                    let value = after[1..].trim_start().trim_start_matches(['%', '?']);
+                    let name: String = value
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    let rest = &value[name.len()..];
+                    (!rest.starts_with('(') && !rest.starts_with("::")).then_some(name)
+                }
+                _ => None,
+            }
+        })
+    }
+
+    #[test]
+    fn no_peer_chosen_field_is_logged_unescaped() {
+        let mut raw = vec![];
+        for (at, before, body) in log_calls() {
+            for field in PEER_FIELDS {
+                let Some(name) = raw_use(&body, field) else {
+                    continue;
+                };
+                // Escaped just before (`let dest = shown(&dest);`), or
+                // marked as not the peer's (`// not peer text: …`).
+                let rebound = before.lines().any(|l| {
+                    l.contains("let ")
+                        && l.contains(&name)
+                        && (l.contains("shown(") || l.contains("escaped("))
+                });
+                if !rebound && !before.lines().take(2).any(|l| l.contains("not peer text")) {
+                    raw.push(format!("{at}: {field}"));
+                }
+            }
+        }
+        assert!(raw.is_empty(), "peer fields logged unescaped: {raw:#?}");
+        // The check sees what it looks for.
+        assert_eq!(raw_use("%dest, \"x\"", "dest").as_deref(), Some("dest"));
+        assert_eq!(raw_use("\"to {dest}\"", "dest").as_deref(), Some("dest"));
+        assert_eq!(raw_use("dest = %d", "dest").as_deref(), Some("d"));
+        assert_eq!(raw_use("dest = %shown(&d)", "dest"), None);
+        assert_eq!(raw_use("%destination", "dest"), None);
+    }
+
     #[test]
     fn throttle_passes_the_first_ones_and_counts_the_rest() {
         let t = Throttle::new();

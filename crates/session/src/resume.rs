@@ -170,6 +170,7 @@ pub(crate) async fn open_new(
                     "server granted {lanes} lanes, more than asked"
                 )));
             }
+            // not peer text: a name that passed instance::valid (letters, digits, - and .)
             tracing::debug!(session = %id, lanes, instance = ?name, "resumable session opened");
             let link = LinkLayer::new(limit, peer as usize, lanes, id, secret, String::new());
             Ok((link, name))
