@@ -47,6 +47,15 @@ enum Step {
     Ping,
     /// Read nothing for a while (the server's replies pile up).
     Pause(u64),
+    /// OPEN a UDP flow to the UDP echo target.
+    OpenUdp,
+    /// OPEN to a destination written to forge a log line (`i`-th).
+    OpenForged(u32),
+}
+
+/// A destination that would forge a log line, in red, if logged raw.
+fn forged(i: u32) -> String {
+    format!("tcp://x{i}\nFORGED 2026-01-01T00:00:00Z  INFO \x1b[31mroot logged in\x1b[0m:80")
 }
 
 struct Peer {
@@ -131,7 +140,7 @@ impl Peer {
     }
 
     /// Runs one step; false once the session is gone.
-    async fn step(&mut self, step: Step, targets: &[SocketAddr; 3]) -> bool {
+    async fn step(&mut self, step: Step, targets: &[SocketAddr; 4]) -> bool {
         if !self.absorb() {
             return false;
         }
@@ -204,6 +213,23 @@ impl Peer {
                     increment,
                 })
                 .await
+            }
+            Step::OpenUdp | Step::OpenForged(_) => {
+                let sender = self.next_sender;
+                self.next_sender += 1;
+                self.streams.push((sender, None));
+                self.ended.push(0);
+                let dest = match step {
+                    Step::OpenForged(i) => forged(i),
+                    _ => format!("udp://{}", targets[3]),
+                };
+                let open = Frame::Open {
+                    sender,
+                    window: 1 << 20,
+                    max_packet: u16::MAX,
+                    dest,
+                };
+                self.send(&open).await
             }
             Step::Ping => self.send(&Frame::Ping { nonce: 1 }).await,
             Step::Pause(ms) => {
@@ -284,6 +310,12 @@ fn named() -> Vec<(&'static str, Vec<Step>)> {
         bogus.push(Ping);
     }
     v.push(("bogus adjustments and unread pongs", bogus));
+    // UDP flows, many more than the streams allowed.
+    v.push(("many UDP flows", (0..300).map(|_| OpenUdp).collect()));
+    // Destinations that forge log lines, past the stream limit and not.
+    let mut forging: Vec<Step> = (0..300).map(OpenForged).collect();
+    forging.splice(100..100, (0..MAX_STREAMS).map(|_| Open(1)));
+    v.push(("forged destinations past the stream limit", forging));
     v
 }
 
@@ -337,11 +369,19 @@ async fn hostile_patterns_stay_within_the_bounds() {
     logs();
     let _dump = DumpLogsOnPanic;
     let echo = echo_server().await;
-    let targets = [echo, never_reading_target(1024), sink().await];
+    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let targets = [
+        echo,
+        never_reading_target(1024),
+        sink().await,
+        udp.local_addr().unwrap(),
+    ];
     let rules = Rules::new(
-        targets
+        targets[..3]
             .iter()
-            .map(|t| t.to_string().parse().unwrap())
+            .map(|t| t.to_string())
+            .chain([format!("udp:{}", targets[3])])
+            .map(|t| t.parse().unwrap())
             .collect(),
         false,
     );
@@ -410,4 +450,12 @@ async fn hostile_patterns_stay_within_the_bounds() {
         drop(p);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Whatever the peers named, no line of the log is theirs to write.
+    let log = log_text();
+    assert!(!log.contains('\x1b'), "a raw ESC in the log");
+    assert!(
+        !log.lines().any(|l| l.starts_with("FORGED")),
+        "a forged log line"
+    );
+    drop(udp);
 }

@@ -166,6 +166,11 @@ pub fn logs() -> &'static LogBuf {
     })
 }
 
+/// Everything logged so far.
+pub fn log_text() -> String {
+    String::from_utf8_lossy(&logs().0.lock().unwrap()).to_string()
+}
+
 pub fn log_contains(s: &str) -> bool {
     String::from_utf8_lossy(&logs().0.lock().unwrap()).contains(s)
 }
