@@ -398,7 +398,14 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     }
     tokio::select! {
         why = client.wait() => anyhow::bail!("session with {} ended: {why}", a.server.url),
-        _ = stop_signal() => Ok(()),
+        _ = stop_signal() => {
+            // Said to the server, so that it frees our -R ports now
+            // rather than keep the session for a resume that cannot come.
+            client
+                .shutdown("client stopped", longhaul_forward::client::GOODBYE_GRACE)
+                .await;
+            Ok(())
+        }
     }
 }
 

@@ -291,3 +291,165 @@ fn a_restarted_server_gets_a_fresh_session_and_the_old_streams_are_reset() {
     assert!(log.contains("refused to resume the session"), "{log}");
     assert!(log.contains("new session"), "{log}");
 }
+
+fn signal(k: &Kill, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &k.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+/// A client with `-R RPORT` to an echo target (and `extra`), its log.
+fn reverse_client(
+    dir: &std::path::Path,
+    sport: u16,
+    rport: u16,
+    tport: u16,
+    extra: &[&str],
+    log: &str,
+) -> Kill {
+    let url = format!("tcp://127.0.0.1:{sport}");
+    let fwd = format!("{rport}:127.0.0.1:{tport}");
+    let mut args = vec![
+        "client",
+        &url,
+        "--insecure",
+        "-R",
+        &fwd,
+        "--control",
+        "none",
+    ];
+    args.extend_from_slice(extra);
+    spawn_logged(&args, &dir.join(log))
+}
+
+#[test]
+fn a_client_that_stops_frees_its_reverse_ports_at_once_on_every_way_out() {
+    let dir = tmpdir("client-goodbye");
+    let tport = echo_target();
+    let sport = free_port();
+    let rport = free_port();
+    let _server = spawn_logged(
+        &[
+            "server",
+            "--listen",
+            &format!("tcp://127.0.0.1:{sport}"),
+            "--insecure",
+            "--allow-bind",
+            &rport.to_string(),
+            "--control",
+            "none",
+        ],
+        &dir.join("server.log"),
+    );
+    wait_port(sport);
+    // Ctrl-C, then SIGTERM, each followed at once by a new client asking
+    // for the same port: it gets it (no session kept for a resume).
+    for (i, sig) in ["-INT", "-TERM"].into_iter().enumerate() {
+        let log = format!("client{i}.log");
+        let mut c = reverse_client(&dir, sport, rport, tport, &[], &log);
+        wait_until(10, "the -R open", || {
+            std::fs::read_to_string(dir.join(&log)).is_ok_and(|l| l.contains("open"))
+        });
+        signal(&c, sig);
+        wait_exit(&mut c, 5);
+        let again = format!("again{i}.log");
+        let mut c = reverse_client(&dir, sport, rport, tport, &["--no-reconnect"], &again);
+        wait_until(10, "the -R open again", || {
+            let l = std::fs::read_to_string(dir.join(&again)).unwrap_or_default();
+            assert!(!l.contains("refused"), "{sig}: {l}");
+            l.contains("open")
+        });
+        echo_once(rport).unwrap();
+        signal(&c, "-TERM");
+        wait_exit(&mut c, 5);
+    }
+    // A client that fails at start (its -L port taken) says GOODBYE too.
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let lport = taken.local_addr().unwrap().port();
+    let fwd = format!("{lport}:127.0.0.1:{tport}");
+    let mut c = reverse_client(&dir, sport, rport, tport, &["-L", &fwd], "failed.log");
+    let st = wait_exit(&mut c, 10);
+    assert!(!st.success());
+    let mut c = reverse_client(&dir, sport, rport, tport, &["--no-reconnect"], "after.log");
+    wait_until(10, "the -R open after a failed start", || {
+        let l = std::fs::read_to_string(dir.join("after.log")).unwrap_or_default();
+        assert!(!l.contains("refused"), "{l}");
+        l.contains("open")
+    });
+    signal(&c, "-TERM");
+    wait_exit(&mut c, 5);
+    let server_log = std::fs::read_to_string(dir.join("server.log")).unwrap();
+    assert!(
+        !server_log.contains("kept for a resume"),
+        "a stopped client's session was kept: {server_log}"
+    );
+    drop(taken);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_first_dial_that_gets_no_answer_ends_at_the_handshake_timeout_and_says_so() {
+    let dir = tmpdir("client-dead-dial");
+    // Accepts and never answers.
+    let hole = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = hole.local_addr().unwrap().port();
+    let start = Instant::now();
+    let mut c = spawn_logged(
+        &[
+            "client",
+            &format!("127.0.0.1:{port}"),
+            "--pin",
+            "SHA256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+            "--handshake-timeout",
+            "2s",
+            "-L",
+            "0:127.0.0.1:9",
+            "--control",
+            "none",
+        ],
+        &dir.join("client.log"),
+    );
+    let st = wait_exit(&mut c, 10);
+    assert!(!st.success());
+    assert!(
+        start.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        start.elapsed()
+    );
+    let log = std::fs::read_to_string(dir.join("client.log")).unwrap();
+    assert!(log.contains("connecting to"), "{log}");
+    assert!(log.contains("no longhaul server answered"), "{log}");
+    assert!(log.contains("--handshake-timeout"), "{log}");
+    // A folder with no server: the client says it waits, then gives up.
+    let folder = dir.join("share");
+    std::fs::create_dir(&folder).unwrap();
+    let mut c = spawn_logged(
+        &[
+            "client",
+            &format!("dir://{}", folder.display()),
+            "--pin",
+            "SHA256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+            "--token",
+            "t",
+            "--handshake-timeout",
+            "2s",
+            "-L",
+            "0:127.0.0.1:9",
+            "--control",
+            "none",
+        ],
+        &dir.join("folder.log"),
+    );
+    let st = wait_exit(&mut c, 10);
+    assert!(!st.success());
+    let log = std::fs::read_to_string(dir.join("folder.log")).unwrap();
+    assert!(log.contains("waiting for a server on the folder"), "{log}");
+    assert!(
+        log.contains("no longhaul server answered in that folder"),
+        "{log}"
+    );
+    drop(hole);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -127,6 +127,9 @@ async fn track_sessions(
     }
 }
 
+/// How long a client that stops waits for its GOODBYE to be written.
+pub const GOODBYE_GRACE: Duration = Duration::from_secs(2);
+
 /// How long a new local connection waits for a session to exist.
 const OPEN_WAIT: Duration = Duration::from_secs(30);
 
@@ -151,7 +154,25 @@ impl Client {
             targets: Mutex::new(targets),
         });
         let session = crate::reconnect::establish(&config, acceptor.clone()).await?;
+        match Client::serve(config, acceptor, session.clone()).await {
+            Ok(c) => Ok(c),
+            Err(e) => {
+                // A process that gives up now can never resume: the server
+                // forgets the session (and frees its -R ports) at once.
+                let why = format!("client did not start: {e:#}");
+                session.shutdown(&why, GOODBYE_GRACE).await;
+                Err(e)
+            }
+        }
+    }
 
+    /// Opens every listener and asks for every reverse forward on the new
+    /// `session`, then keeps it alive.
+    async fn serve(
+        config: ClientConfig,
+        acceptor: Arc<ClientAcceptor>,
+        session: SessionHandle,
+    ) -> anyhow::Result<Client> {
         let mut listeners = vec![];
         let mut udp_listeners = vec![];
         let mut local_addrs = vec![];
@@ -275,9 +296,12 @@ impl Client {
     }
 
     /// Stops reconnecting and ends the session politely: what is queued is
-    /// written and the server forgets the session (within `grace`).
+    /// written and the server forgets the session (within `grace`), so its
+    /// `-R` ports are free again at once.
     pub async fn shutdown(&self, why: &str, grace: Duration) {
-        self.stop.send_replace(true);
+        // The GOODBYE first: stopping the supervisor first would let it
+        // close the session before it is said.
         self.session().shutdown(why, grace).await;
+        self.stop.send_replace(true);
     }
 }

@@ -54,6 +54,17 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
+    /// How this client shows who it is, for its log lines.
+    pub fn credentials(&self) -> String {
+        match (&self.identity, &self.token, &self.server) {
+            (_, _, CarrierUrl::Cmd { .. }) => "by the command's own login".into(),
+            (Some(id), Some(_), _) => format!("with our key {} and the token", id.fingerprint),
+            (Some(id), None, _) => format!("with our key {}", id.fingerprint),
+            (None, Some(_), _) => "with the token".into(),
+            (None, None, _) => "anonymously (no key, no token)".into(),
+        }
+    }
+
     pub fn new(server: CarrierUrl) -> ClientConfig {
         ClientConfig {
             server,

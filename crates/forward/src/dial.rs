@@ -98,6 +98,19 @@ pub(crate) async fn connect(
             return Err(anyhow!(e)).with_context(|| format!("cannot connect to server {url}"));
         }
     };
+    // Once per process at the default level (every carrier is checked).
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let say = !SAID.swap(true, std::sync::atomic::Ordering::Relaxed);
+    match (&verifier, &known, &config.known_hosts) {
+        (Some((_, Some(fp))), _, _) if config.pin.is_some() && say => {
+            tracing::info!("server key {fp} verified (--pin)")
+        }
+        (Some((_, Some(fp))), Known::Key(_, line), Some(kh)) if say => tracing::info!(
+            "server key {fp} verified ({} line {line})",
+            kh.path().display()
+        ),
+        _ => {}
+    }
     if let (Some((v, None)), Some(kh)) = (&verifier, &config.known_hosts) {
         if let Some(seen) = v.seen() {
             kh.remember(&host, seen).map_err(|e| anyhow!(e))?;

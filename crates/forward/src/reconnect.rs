@@ -53,12 +53,39 @@ pub(crate) async fn establish(
     acceptor: Arc<ClientAcceptor>,
 ) -> anyhow::Result<SessionHandle> {
     let url = &config.server;
-    let carrier = dial(config, None).await?;
-    let s = Session::start(carrier, config.session.clone(), acceptor)
-        .await
-        .with_context(|| {
-            format!("session with {url} failed (a server that closes at once did not accept our key or token)")
-        })?;
+    let limit = config.session.handshake_timeout;
+    match url {
+        longhaul_carrier::CarrierUrl::Dir(d) => {
+            tracing::info!("waiting for a server on the folder {}", d.identity())
+        }
+        _ => tracing::info!("connecting to {url}"),
+    }
+    let started = Instant::now();
+    let attempt = async {
+        let carrier = dial(config, None).await?;
+        Session::start(carrier, config.session.clone(), acceptor)
+            .await
+            .with_context(|| {
+                format!(
+                    "session with {url} failed: the server closed the connection (did it accept {}? its log says why)",
+                    config.credentials()
+                )
+            })
+    };
+    // The first dial is bounded like any handshake: a listener that
+    // accepts and never answers is reported, not waited on for ever.
+    let s = tokio::time::timeout(limit, attempt).await.map_err(|_| {
+        let what = match url {
+            longhaul_carrier::CarrierUrl::Dir(_) => "no longhaul server answered in that folder",
+            _ => "no longhaul server answered there",
+        };
+        anyhow!("{url}: {what} within {limit:?} (--handshake-timeout); check the address and that the server runs")
+    })??;
+    tracing::info!(
+        "session with {url} up in {:.1} ms, authenticated {}",
+        started.elapsed().as_secs_f64() * 1e3,
+        config.credentials()
+    );
     if s.lanes_wanted() > 1 {
         tokio::spawn(keep_lanes(Arc::new(config.clone()), s.clone()));
     } else if config.session.stripes > 1 {
