@@ -49,7 +49,7 @@ pub async fn allowed_addrs(
     if sets
         .iter()
         .zip(&by_name)
-        .any(|(r, &named)| !named && !r.has_address_rules(t))
+        .any(|(r, &named)| !named && !r.has_address_rules(t, port))
     {
         return Err(not_allowed());
     }
@@ -134,4 +134,30 @@ pub async fn resolve_host(host: &str, port: u16) -> Result<Vec<SocketAddr>, Open
 /// Resolves and connects without rules (the client's own `-R` targets).
 pub async fn connect_host(host: &str, port: u16) -> Result<TcpStream, OpenRefused> {
     connect_any(&resolve_host(host, port).await?).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_name_no_rule_can_admit_is_not_resolved() {
+        // An address rule for another port: a lookup could not help.
+        let rules = Rules::new(vec!["10.0.0.0/8:22".parse().unwrap()], false);
+        let e = allowed_addrs(&[&rules], Transport::Tcp, "lh-never-looked-up.invalid", 80)
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason, Reason::NOT_ALLOWED, "{}", e.description);
+        // IPv4 spelled as IPv6 is matched as the IPv4 address it carries.
+        for spelled in ["::ffff:10.1.2.3", "64:ff9b::a01:203", "::10.1.2.3"] {
+            let ok = allowed_addrs(&[&rules], Transport::Tcp, spelled, 22).await;
+            assert!(ok.is_ok(), "{spelled}");
+        }
+        let v6 = Rules::new(vec!["[64:ff9b::/96]:22".parse().unwrap()], false);
+        assert!(
+            allowed_addrs(&[&v6], Transport::Tcp, "64:ff9b::a01:203", 22)
+                .await
+                .is_err()
+        );
+    }
 }

@@ -66,6 +66,7 @@ impl std::fmt::Debug for FlowPorts {
 }
 
 /// One flow's place; dropping it (with the flow's socket) frees it.
+#[derive(Debug)]
 pub struct FlowLease {
     ports: Arc<FlowPorts>,
     client: String,

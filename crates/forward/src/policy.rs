@@ -118,7 +118,7 @@ impl Policy {
                 Ok(ip) => sets.iter().all(|r| r.allows_ip(t, ip, port)),
                 Err(_) => sets
                     .iter()
-                    .all(|r| r.allows_name(t, &host, port) || r.has_address_rules(t)),
+                    .all(|r| r.allows_name(t, &host, port) || r.has_address_rules(t, port)),
             };
             if !allowed {
                 return Some(format!(

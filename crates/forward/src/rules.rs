@@ -96,11 +96,29 @@ fn parse_cidr(h: &str) -> Option<(IpAddr, u8)> {
     (bits <= max).then_some((ip, bits))
 }
 
+/// An IPv6 address that carries an IPv4 one — mapped (`::ffff:0:0/96`),
+/// NAT64's well-known prefix (`64:ff9b::/96`) or IPv4-compatible
+/// (`::/96`, but not `::` or `::1`) — as that IPv4 address: a rule for
+/// `10.0.0.0/8` covers `[64:ff9b::a00:1]` and `[::ffff:10.0.0.1]`, and an
+/// IPv6 rule never admits an IPv4 host through such a spelling.
+pub fn embedded_v4(ip: IpAddr) -> IpAddr {
+    let IpAddr::V6(v6) = ip else { return ip };
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return IpAddr::V4(v4);
+    }
+    let o = v6.octets();
+    let v4 = std::net::Ipv4Addr::new(o[12], o[13], o[14], o[15]);
+    let nat64 = o[..12] == [0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0];
+    let compatible = o[..12] == [0; 12] && o[12] != 0;
+    if nat64 || compatible {
+        IpAddr::V4(v4)
+    } else {
+        ip
+    }
+}
+
 fn in_cidr(net: IpAddr, bits: u8, ip: IpAddr) -> bool {
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    };
+    let ip = embedded_v4(ip);
     match (net, ip) {
         (IpAddr::V4(n), IpAddr::V4(a)) => {
             let mask = if bits == 0 {
@@ -223,11 +241,16 @@ impl Rules {
             })
     }
 
-    /// Whether any rule could admit a resolved address (worth a DNS lookup).
-    pub fn has_address_rules(&self, t: Transport) -> bool {
+    /// Whether any rule could admit an address of a name resolved for
+    /// `port` (worth a DNS lookup: a name no rule can admit is never
+    /// resolved, so a peer cannot make the server look up names of its
+    /// choosing).
+    pub fn has_address_rules(&self, t: Transport, port: u16) -> bool {
         self.allow_all
             || self.rules.iter().any(|r| {
-                r.transport == t && matches!(r.host, HostPattern::Cidr(..) | HostPattern::Any)
+                r.transport == t
+                    && r.ports.contains(port)
+                    && matches!(r.host, HostPattern::Cidr(..) | HostPattern::Any)
             })
     }
 }
@@ -344,7 +367,7 @@ mod tests {
             !r.allows_name(T, "localhost", 80),
             "names never match address rules"
         );
-        assert!(r.has_address_rules(T));
+        assert!(r.has_address_rules(T, 9));
     }
 
     #[test]
@@ -358,7 +381,7 @@ mod tests {
         );
         assert!(r.allows_ip(u, "10.1.2.3".parse().unwrap(), 9));
         assert!(!r.allows_ip(T, "10.1.2.3".parse().unwrap(), 9));
-        assert!(r.has_address_rules(u) && !r.has_address_rules(T));
+        assert!(r.has_address_rules(u, 9) && !r.has_address_rules(T, 9));
         // `udp:5353` is the TCP rule for host "udp".
         assert!(r.allows_name(T, "udp", 5353));
         let tcp = rules(&["dns.corp:53"]);

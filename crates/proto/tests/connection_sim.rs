@@ -282,7 +282,9 @@ impl Sim {
                 Event::Eof { id } => {
                     side.streams.get_mut(&id).expect("known stream").eof = true;
                 }
-                Event::Finished { id, discard, reset } => {
+                Event::Finished {
+                    id, discard, reset, ..
+                } => {
                     assert!(!discard, "{}: stream {id} failed", side.name);
                     assert!(!reset, "{}: stream {id} was reset", side.name);
                     if let Some(s) = side.streams.get_mut(&id) {

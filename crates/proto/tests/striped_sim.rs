@@ -245,7 +245,9 @@ impl Sim {
                     a.pending.push_back(payload);
                 }
                 Event::Eof { id } => s.streams.get_mut(&id).expect("known stream").eof = true,
-                Event::Finished { id, discard, reset } => {
+                Event::Finished {
+                    id, discard, reset, ..
+                } => {
                     assert!(!discard && !reset, "seed {seed}: stream {id} failed");
                     s.streams.get_mut(&id).expect("known stream").finished = true;
                 }

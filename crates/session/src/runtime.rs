@@ -349,8 +349,24 @@ impl Shared {
                 }
                 None => st.conn.mux_mut().eof_delivered(id),
             },
-            Event::Finished { id, discard, reset } => {
+            Event::Finished {
+                id,
+                discard,
+                reset,
+                sent,
+                received,
+            } => {
                 if let Some(s) = st.streams.remove(&id) {
+                    tracing::debug!(
+                        peer = %self.peer,
+                        stream = id,
+                        dest = %crate::logs::shown(&s.dest.to_string()),
+                        sent,
+                        received,
+                        secs = s.since.elapsed().as_secs_f64(),
+                        reset,
+                        "stream closed"
+                    );
                     if let Some(a) = s.uplink {
                         a.abort();
                     }

@@ -124,7 +124,14 @@ pub enum Event {
     /// failed, or the session cut it): close the local socket with a reset
     /// (SO_LINGER 0) once what is queued is written, so the application
     /// sees a failure rather than a clean end of data.
-    Finished { id: u32, discard: bool, reset: bool },
+    /// `sent`/`received`: the stream's payload bytes each way, for the log.
+    Finished {
+        id: u32,
+        discard: bool,
+        reset: bool,
+        sent: u64,
+        received: u64,
+    },
     /// Stream `id` may send again ([`Mux::send_room`] is no longer 0).
     Writable { id: u32 },
     /// The peer asks for a stream to `dest`: connect, then
@@ -347,6 +354,8 @@ impl Mux {
                     id,
                     discard: false,
                     reset: !s.phase.finished() && !jmux,
+                    sent: s.tx_bytes,
+                    received: s.rx_bytes,
                 });
             }
         }
@@ -528,11 +537,16 @@ impl Mux {
         s.phase = Phase::CloseSent;
         s.discarded |= discard;
         self.datagrams.forget(id);
-        let remote = s.remote;
+        let (remote, sent, received) = (s.remote, s.tx_bytes, s.rx_bytes);
         // jetsocat never resets a local socket; in JMUX mode neither do we.
         let reset = reset && !self.cfg.jmux;
-        self.events
-            .push_back(Event::Finished { id, discard, reset });
+        self.events.push_back(Event::Finished {
+            id,
+            discard,
+            reset,
+            sent,
+            received,
+        });
         self.send_stream_control(id, Frame::Close { recipient: remote });
     }
 

@@ -229,13 +229,15 @@ impl Mux {
                     // the reset on. (A JMUX peer, jetsocat, never resets: its
                     // CLOSE without EOF still ends the local socket with FIN.)
                     let reset = down == Down::Open && !self.cfg.jmux;
-                    let remote = s.remote;
+                    let (remote, sent, received) = (s.remote, s.tx_bytes, s.rx_bytes);
                     self.data.remove(recipient);
                     self.wake_if_total_drained();
                     self.events.push_back(Event::Finished {
                         id: recipient,
                         discard: false,
                         reset,
+                        sent,
+                        received,
                     });
                     self.send_control(Frame::Close { recipient: remote });
                 }
