@@ -329,10 +329,11 @@ pub struct ClientArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(override_usage = "longhaul cp [OPTIONS] SOURCE... DEST")]
 pub struct CpArgs {
     /// Sources, then the destination: FILE… SERVER:/DIR/ uploads, SERVER:/PATH… DEST downloads.
-    /// SERVER as for 'client' (e.g. tls://host:4433, host:4433?stripes=4, dir:///mnt/share); /PATH is inside the server's --files folder.
-    #[arg(required = true, num_args = 2.., value_name = "SOURCE… DEST")]
+    /// SERVER as for 'client' (e.g. tls://host:4433, host:4433?stripes=4, dir:///mnt/share); /PATH is inside the server's --files folder (scp's HOST:PORT:PATH works too).
+    #[arg(required = true, num_args = 2.., value_name = "PATH")]
     pub paths: Vec<String>,
     /// Copy folders and what they hold.
     #[arg(short = 'r', long)]

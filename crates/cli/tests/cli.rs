@@ -303,6 +303,9 @@ fn server_and_client_processes_forward_intact_and_exit_on_refused_bind() {
         err.contains("server refused -R") && err.contains("not allowed"),
         "{err}"
     );
+    // It names the fix, once ("not allowed: not allowed" no more).
+    assert!(err.contains("--allow-bind"), "{err}");
+    assert!(!err.contains("not allowed: not allowed"), "{err}");
 }
 
 #[test]

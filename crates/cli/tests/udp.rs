@@ -171,6 +171,12 @@ fn a_server_that_allows_no_udp_to_the_resolver_answers_nothing() {
         log.contains("not allowed"),
         "the server says nothing: {log}"
     );
+    // The client is told what the server would need.
+    let client_log = std::fs::read_to_string(dir.join("client.log")).unwrap();
+    assert!(
+        client_log.contains(&format!("--allow udp:127.0.0.1:{dns}")),
+        "{client_log}"
+    );
 }
 
 /// `bench udp` against the bench server directly and through `-L udp:`:

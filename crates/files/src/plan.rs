@@ -29,6 +29,17 @@ pub enum Place {
     },
 }
 
+/// `HOST:PORT:PATH` (PATH not empty, HOST without a slash): the server
+/// `HOST:PORT` and PATH.
+fn scp_style(s: &str) -> Option<(&str, &str)> {
+    let (host, rest) = s.split_once(':')?;
+    let (port, path) = rest.split_once(':')?;
+    let port_ok = !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit());
+    let query = port.contains('?');
+    (port_ok && !query && !host.is_empty() && !host.contains('/') && !path.is_empty())
+        .then(|| (&s[..host.len() + 1 + port.len()], path))
+}
+
 impl Place {
     /// `URL:/PATH` is remote (split at the first `:/` after the URL's
     /// `://`, if any); anything else, or anything starting with `/` or
@@ -43,7 +54,15 @@ impl Place {
                 server: s[..after + i].to_string(),
                 path: s[after + i + 1..].to_string(),
             },
-            _ => Place::Local(s.into()),
+            // scp's habit, HOST:PORT:PATH without the slash: the path is
+            // still inside the server's folder.
+            _ => match scp_style(&s[after..]) {
+                Some((server, path)) => Place::Remote {
+                    server: format!("{}{server}", &s[..after]),
+                    path: format!("/{path}"),
+                },
+                None => Place::Local(s.into()),
+            },
         }
     }
 }
@@ -405,6 +424,10 @@ mod tests {
         assert_eq!(Place::parse("./a:/b"), Place::Local("./a:/b".into()));
         assert_eq!(Place::parse("/tmp/x"), Place::Local("/tmp/x".into()));
         assert_eq!(Place::parse("file.iso"), Place::Local("file.iso".into()));
+        // scp's habit: HOST:PORT:PATH.
+        assert_eq!(Place::parse("h:7000:incoming/"), r("h:7000", "/incoming/"));
+        assert_eq!(Place::parse("tls://h:7000:in"), r("tls://h:7000", "/in"));
+        assert_eq!(Place::parse("a:b:c"), Place::Local("a:b:c".into()));
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub enum Refusal {
     Escapes,
     #[error("'.longhaul-partial' is refused in paths (it holds partial copies)")]
     Reserved,
-    #[error("read-only access: writing is not allowed for this client")]
+    #[error("read-only access: writing is not allowed for this client (the server grants it with files=rw for this key in its authorized_keys, or --files-for-token rw)")]
     ReadOnly,
     #[error("{0}")]
     Other(String),

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{anyhow, Context};
+use anyhow::anyhow;
 use longhaul_carrier::{accept_with_backoff, bind_listener};
 use longhaul_proto::frame::Transport;
 use longhaul_session::SessionHandle;
@@ -104,7 +104,18 @@ async fn accept_loop(
 }
 
 fn listen(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
-    bind_listener(addr).with_context(|| format!("cannot listen on {addr} for {what}"))
+    bind_listener(addr).map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                ": another program (or another longhaul client) listens there; pick another port"
+            }
+            std::io::ErrorKind::PermissionDenied => {
+                ": ports under 1024 need root (or CAP_NET_BIND_SERVICE); pick a higher one"
+            }
+            _ => "",
+        };
+        anyhow!("cannot listen on {addr} for {what}: {e}{hint}")
+    })
 }
 
 /// Keeps the session in use counted, through replacements.
@@ -178,10 +189,10 @@ impl Client {
         let mut local_addrs = vec![];
         for l in &config.local {
             let addr = listen_addr(&l.bind, l.port).map_err(|e| anyhow!("-L: {e}"))?;
-            let what = format!("-L {}{}:{}", l.prefix(), l.host, l.host_port);
+            let what = format!("-L {}", l.spelled());
             if l.transport == Transport::Udp {
                 let sock = crate::udp::bind(addr)
-                    .with_context(|| format!("cannot listen on {addr} for {what}"))?;
+                    .map_err(|e| anyhow!("cannot listen on {addr} for {what}: {e}"))?;
                 local_addrs.push(sock.local_addr()?);
                 udp_listeners.push((sock, l.dest()));
                 continue;

@@ -37,7 +37,15 @@ pub async fn allowed_addrs(
     host: &str,
     port: u16,
 ) -> Result<Vec<SocketAddr>, OpenRefused> {
-    let not_allowed = || OpenRefused::new(Reason::NOT_ALLOWED, "not allowed");
+    // Says what would allow it (it tells nothing of the rules in force).
+    let not_allowed = || {
+        let prefix = if t == Transport::Udp { "udp:" } else { "" };
+        let target = crate::spec::join_host_port(host, port);
+        OpenRefused::new(
+            Reason::NOT_ALLOWED,
+            format!("the server's rules do not allow {prefix}{target}: it needs --allow {prefix}{target} (or allow= for this key in its authorized_keys)"),
+        )
+    };
     if let Ok(ip) = host.parse::<IpAddr>() {
         return if sets.iter().all(|r| r.allows_ip(t, ip, port)) {
             Ok(vec![SocketAddr::new(ip, port)])

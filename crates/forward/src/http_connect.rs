@@ -57,20 +57,29 @@ pub fn parse_connect(head: &[u8]) -> Result<(String, u16), &'static str> {
     Ok((host.to_owned(), port))
 }
 
-async fn respond(sock: &mut TcpStream, status: &str) {
-    let msg = format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+/// Answers with `status` and a line of text that says why (and what to do).
+async fn respond(sock: &mut TcpStream, status: &str, why: &str) {
+    let body = match (status, why) {
+        (s, _) if s.starts_with("405") => "this is an HTTP CONNECT proxy (longhaul --http-proxy): it serves only CONNECT HOST:PORT; set it as your program's HTTPS proxy (e.g. https_proxy=http://this-address)\n".to_string(),
+        (s, _) if s.starts_with("400") => "expected a request line CONNECT HOST:PORT HTTP/1.1\n".to_string(),
+        (_, why) => format!("{why}\n"),
+    };
+    let msg = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
     let _ = sock.write_all(msg.as_bytes()).await;
 }
 
 pub async fn serve(mut sock: TcpStream, session: SessionHandle) {
     let head = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut sock)).await {
         Ok(Ok(Some(h))) => h,
-        Ok(Ok(None)) => return respond(&mut sock, "400 Bad Request").await,
+        Ok(Ok(None)) => return respond(&mut sock, "400 Bad Request", "").await,
         _ => return,
     };
     let (host, port) = match parse_connect(&head) {
         Ok(t) => t,
-        Err(status) => return respond(&mut sock, status).await,
+        Err(status) => return respond(&mut sock, status, "").await,
     };
     let dest = format_dest(&host, port);
     match session.open(&dest).await {
@@ -91,7 +100,9 @@ pub async fn serve(mut sock: TcpStream, session: SessionHandle) {
                 Reason::TTL_EXPIRED => "504 Gateway Timeout",
                 _ => "502 Bad Gateway",
             };
-            respond(&mut sock, status).await;
+            // The server's words, escaped (no line of theirs reaches the
+            // client's program raw).
+            respond(&mut sock, status, &why).await;
         }
     }
 }

@@ -115,7 +115,7 @@ impl Acceptor for ServerAcceptor {
                     }
                     Err(OpenRefused::new(
                         Reason::NOT_ALLOWED,
-                        "no file access for this client",
+                        "no file access for this client: the server needs --files DIR, and files=ro or files=rw for this key in its authorized_keys (or --files-for-token)",
                     ))
                 }
             };
@@ -233,7 +233,12 @@ impl Acceptor for ServerAcceptor {
                 }
                 return Err(OpenRefused::new(
                     Reason::NOT_ALLOWED,
-                    format!("binding {addr} is not allowed"),
+                    format!(
+                        "binding {}{addr} is not allowed: the server needs --allow-bind {}{} (or bind= for this key in its authorized_keys)",
+                        if transport == Transport::Udp { "udp:" } else { "" },
+                        if transport == Transport::Udp { "udp:" } else { "" },
+                        if addr.ip().is_loopback() { addr.port().to_string() } else { addr.to_string() }
+                    ),
                 ));
             }
             let cannot = |e: std::io::Error| {

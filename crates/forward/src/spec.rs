@@ -32,6 +32,16 @@ impl ForwardSpec {
         format_target(self.transport, &self.host, self.host_port)
     }
 
+    /// The whole spec as a user writes it: `[udp:]BIND:PORT:HOST:HOSTPORT`.
+    pub fn spelled(&self) -> String {
+        format!(
+            "{}{}:{}",
+            self.prefix(),
+            self.bind_addr(),
+            join_host_port(&self.host, self.host_port)
+        )
+    }
+
     /// How it is written on the command line (`udp:` in front for UDP).
     pub fn prefix(&self) -> &'static str {
         match self.transport {
@@ -97,8 +107,28 @@ pub fn parse_forward(s: &str, flag: &str) -> Result<ForwardSpec, String> {
         4 => (bind_host(&f[0]), &f[1..]),
         _ => return Err(err()),
     };
-    let p = port(&rest[0]).ok_or_else(err)?;
-    let hp = port(&rest[2]).filter(|&p| p != 0).ok_or_else(err)?;
+    // A number out of range is named as such, not as a wrong shape.
+    let bad_port = |what: &str, v: &str| {
+        format!(
+            "invalid {flag} '{s}': {what} {v} is not a port (1-65535{})",
+            if what == "local port" {
+                ", or 0 for any"
+            } else {
+                ""
+            }
+        )
+    };
+    let is_number = |v: &str| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit());
+    let p = match port(&rest[0]) {
+        Some(p) => p,
+        None if is_number(&rest[0]) => return Err(bad_port("local port", &rest[0])),
+        None => return Err(err()),
+    };
+    let hp = match port(&rest[2]).filter(|&p| p != 0) {
+        Some(p) => p,
+        None if is_number(&rest[2]) => return Err(bad_port("target port", &rest[2])),
+        None => return Err(err()),
+    };
     if rest[1].is_empty() {
         return Err(err());
     }
