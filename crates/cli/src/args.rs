@@ -301,13 +301,13 @@ pub struct ClientArgs {
     #[command(flatten)]
     pub conn: ConnectArgs,
     /// Local forward [BIND:]PORT:HOST:HOSTPORT (ssh -L); udp:[BIND:]PORT:HOST:HOSTPORT forwards UDP datagrams. Repeatable.
-    #[arg(short = 'L', value_name = "SPEC", value_parser = parse_l)]
+    #[arg(short = 'L', long = "local", value_name = "SPEC", value_parser = parse_l)]
     pub local: Vec<ForwardSpec>,
     /// Remote forward [BIND:]PORT:HOST:HOSTPORT (ssh -R): the server listens, we connect; udp:… for UDP. Repeatable.
-    #[arg(short = 'R', value_name = "SPEC", value_parser = parse_r)]
+    #[arg(short = 'R', long = "remote", value_name = "SPEC", value_parser = parse_r)]
     pub remote: Vec<ForwardSpec>,
     /// SOCKS5 listener [BIND:]PORT (ssh -D). Repeatable.
-    #[arg(short = 'D', value_name = "[BIND:]PORT", value_parser = parse_d)]
+    #[arg(short = 'D', long = "dynamic", value_name = "[BIND:]PORT", value_parser = parse_d)]
     pub socks: Vec<SocketAddr>,
     /// HTTP CONNECT proxy listener [BIND:]PORT. Repeatable.
     #[arg(long, value_name = "[BIND:]PORT", value_parser = parse_h)]

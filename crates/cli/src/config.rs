@@ -101,9 +101,15 @@ fn file_args(path: &Path, sub: &clap::Command, given: &[String]) -> Result<Vec<O
         let Some(arg) = sub.get_arguments().find(|a| {
             a.get_long() == Some(norm.as_str()) || a.get_id().as_str().replace('_', "-") == norm
         }) else {
+            let examples = match sub.get_name() {
+                "server" => "listen, key, allow",
+                "client" => "server, local, remote, dynamic, pin",
+                _ => "pin, key, token",
+            };
             return Err(format!(
-                "{}: unknown key '{key}' (keys are the long options of 'longhaul {}', e.g. listen, key, allow)",
+                "{}: unknown key '{key}' (keys are the long options of 'longhaul {}', e.g. {examples}; see 'longhaul {} --help')",
                 at(),
+                sub.get_name(),
                 sub.get_name()
             ));
         };
@@ -145,6 +151,19 @@ fn file_args(path: &Path, sub: &clap::Command, given: &[String]) -> Result<Vec<O
             }
         };
         for v in values {
+            // Checked here, so that a bad value is named with its line.
+            let one = clap::Command::new("longhaul").no_binary_name(true).arg(
+                clap::Arg::new("value")
+                    .allow_hyphen_values(true)
+                    .value_parser(arg.get_value_parser().clone()),
+            );
+            if let Err(e) = one.try_get_matches_from([&v]) {
+                let why = match std::error::Error::source(&e) {
+                    Some(cause) => cause.to_string(),
+                    None => e.kind().to_string(),
+                };
+                return Err(format!("{}: {key} = {v:?}: {why}", at()));
+            }
             out.extend(flag.clone().map(OsString::from));
             out.push(v.into());
         }
@@ -197,7 +216,10 @@ mod tests {
     #[test]
     fn unknown_keys_and_bad_values_name_the_line() {
         let e = expand_with("key = \"k\"\n\nlisen = \"x\"\n", &[]).unwrap_err();
-        assert!(e.ends_with(".toml:3: unknown key 'lisen' (keys are the long options of 'longhaul server', e.g. listen, key, allow)"), "{e}");
+        assert!(e.contains(".toml:3: unknown key 'lisen' (keys are the long options of 'longhaul server', e.g. listen, key, allow"), "{e}");
+        // A bad value is named with its line too.
+        let e = expand_with("key = \"k\"\nmax-sessions = \"many\"\n", &[]).unwrap_err();
+        assert!(e.contains(".toml:2: max-sessions = \"many\""), "{e}");
         let e = expand_with("insecure = \"yes\"\n", &[]).unwrap_err();
         assert!(e.contains(":1: 'insecure' is a switch"), "{e}");
         let e = expand_with("key = \n", &[]).unwrap_err();
