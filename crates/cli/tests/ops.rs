@@ -163,6 +163,10 @@ fn status_lists_a_live_transfer() {
             &format!("127.0.0.1:{local}:127.0.0.1:{bench}"),
             "--control",
             ctl("c").to_str().unwrap(),
+            // A PING a second, and the streams' figures at their end.
+            "--dead-after",
+            "3s",
+            "-v",
         ],
         &dir.join("client.log"),
     );
@@ -213,6 +217,20 @@ fn status_lists_a_live_transfer() {
     let mode = std::fs::metadata(ctl("s")).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
     drop(load);
+    // On loopback the round trip is well under a millisecond: status
+    // shows what PINGs measure, not the window's floor.
+    wait_until(15, "a loopback RTT under 1 ms in status", || {
+        let v = status(&ctl("c"));
+        v[0]["sessions"][0]["rtt_ms"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0 && r < 1.0)
+    });
+    // -v: each stream's bytes at its end.
+    wait_until(15, "the stream's figures at its end", || {
+        let log = std::fs::read_to_string(dir.join("client.log")).unwrap_or_default();
+        log.lines()
+            .any(|l| l.contains("stream closed") && l.contains("sent=") && l.contains("received="))
+    });
     let _ = std::fs::remove_dir_all(&dir);
 }
 

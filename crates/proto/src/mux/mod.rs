@@ -397,7 +397,13 @@ impl Mux {
         MuxStats {
             streams: self.streams.len() + self.draining.len(),
             budget_used: self.budget.used(),
-            rtt_ns: self.window_rtt_ns(),
+            // What a user asks for: the round trip through the session as
+            // PINGs measure it, else the kernel's view of the path (not the
+            // window's floor, nor a delayed ACK's inflated sample).
+            rtt_ns: match self.ping_rtt_ns {
+                0 => self.path_rtt_ns,
+                ping => ping,
+            },
             bytes_sent: self.bytes_sent,
             bytes_received: self.bytes_received,
         }
