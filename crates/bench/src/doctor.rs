@@ -35,6 +35,8 @@ pub struct DoctorOptions {
     pub app_buffer: Option<u64>,
     /// Host to open the plain TCP connection to (None: not measured).
     pub host: Option<String>,
+    /// Say each step on stderr while measuring.
+    pub progress: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -59,8 +61,17 @@ pub struct Diagnosis {
     pub advice: Vec<String>,
 }
 
+/// The tunnel under this share of one plain connection is called the limit.
+const TUNNEL_BEHIND: f64 = 0.8;
+
 /// Runs the measurements over `session` and explains them.
 pub async fn run(session: &SessionHandle, o: &DoctorOptions) -> anyhow::Result<Diagnosis> {
+    let say = |what: String| {
+        if o.progress {
+            eprintln!("doctor: {what}");
+        }
+    };
+    say("measuring the round trip".into());
     let (mut r, mut w) = open(session).await?;
     // Round trip: the best of a few.
     let mut rtt = Duration::MAX;
@@ -83,6 +94,9 @@ pub async fn run(session: &SessionHandle, o: &DoctorOptions) -> anyhow::Result<D
 
     let direct_bps = match &o.host {
         Some(host) => {
+            say(format!(
+                "measuring one plain TCP connection from the server for {secs} s"
+            ));
             w.write_all(format!("DIRECT {}\n", secs + 1).as_bytes())
                 .await?;
             line.clear();
@@ -106,6 +120,7 @@ pub async fn run(session: &SessionHandle, o: &DoctorOptions) -> anyhow::Result<D
         }
         None => None,
     };
+    say(format!("measuring the tunnel for {secs} s"));
     let (mut r2, mut w2) = open(session).await?;
     w2.write_all(format!("SOURCE {}\n", secs + 1).as_bytes())
         .await?;
@@ -164,13 +179,26 @@ pub async fn run(session: &SessionHandle, o: &DoctorOptions) -> anyhow::Result<D
         )),
     }
     if let (Some(b), Some(cap)) = (o.app_buffer, app_buffer_cap_bps) {
-        findings.push(format!(
-            "An application with {} socket buffers is capped at {} at this RTT, whatever the path; through an -L forward of longhaul it gets the tunnel's {} instead.",
-            size(b as f64),
-            rate(cap),
-            rate(tunnel_bps)
-        ));
+        findings.push(if tunnel_bps > cap {
+            format!(
+                "An application with {} socket buffers is capped at {} at this RTT, whatever the path; through an -L forward of longhaul it gets the tunnel's {} instead ({:.1}× as fast).",
+                size(b as f64),
+                rate(cap),
+                rate(tunnel_bps),
+                tunnel_bps / cap
+            )
+        } else {
+            format!(
+                "An application with {} socket buffers is capped at {} at this RTT; the tunnel carried {}, so an -L forward would not make it faster here.",
+                size(b as f64),
+                rate(cap),
+                rate(tunnel_bps)
+            )
+        });
     }
+    // The tunnel well behind one plain connection: here the tunnel (a
+    // relay's copies and CPU on a fast path), not the path, is the limit.
+    let tunnel_limits = direct_bps.is_some_and(|d| tunnel_bps < TUNNEL_BEHIND * d);
     let mut advice = vec![];
     // Buffers that allow barely more than the best measured (or less) are
     // what holds one connection; well above it, the path is the limit.
@@ -196,6 +224,13 @@ pub async fn run(session: &SessionHandle, o: &DoctorOptions) -> anyhow::Result<D
         ));
         advice.push(format!("on the {side}: sysctl -w {core}={want}"));
         advice.push("or, without changing either host: use longhaul with ?stripes=4 (K connections, K buffers)".into());
+    } else if tunnel_limits {
+        findings.push(format!(
+            "The tunnel is the limit here, not the path: it carried {}, {:.0} % of one plain connection's {}. On a path this fast (loopback, a LAN) a relay's copies and CPU cost more than the path; see 'longhaul bench' for the tunnel's own figures, and use the tunnel for long or lossy paths, where it gains.",
+            rate(tunnel_bps),
+            100.0 * tunnel_bps / direct_bps.unwrap_or(1.0),
+            rate(direct_bps.unwrap_or(0.0))
+        ));
     } else {
         findings.push(format!(
             "Nothing to change: one connection's buffers allow {}, more than the path carries; the path is the limit ({}).",

@@ -273,6 +273,7 @@ async fn doctor(a: args::DoctorArgs) -> anyhow::Result<()> {
         seconds: a.time,
         app_buffer: a.app_buffer,
         host,
+        progress: !a.json,
     };
     let d = longhaul_bench::doctor::run(&client.session(), &opts).await;
     client

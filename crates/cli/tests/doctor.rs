@@ -139,3 +139,66 @@ fn doctor_predicts_what_it_measures() {
     );
     assert!(!d["advice"].as_array().unwrap().is_empty(), "{d}");
 }
+
+/// The first rate ("12.3 Gbit/s" or "456 Mbit/s") after `after` in `text`.
+fn rate_after(text: &str, after: &str) -> Option<f64> {
+    let rest = &text[text.find(after)? + after.len()..];
+    let mut words = rest.split_whitespace();
+    let n: f64 = words.next()?.parse().ok()?;
+    match words.next()? {
+        w if w.starts_with("Gbit") => Some(n * 1e9),
+        w if w.starts_with("Mbit") => Some(n * 1e6),
+        _ => None,
+    }
+}
+
+#[test]
+fn doctor_on_loopback_says_what_it_measures_and_which_side_is_the_limit() {
+    let dir = std::env::temp_dir().join(format!("lh-doctor-lo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    let fp = String::from_utf8(lh(&["keygen", "--out", &key("s.key")]).stdout).unwrap();
+    let ck = String::from_utf8(lh(&["keygen", "--out", &key("c.key")]).stdout).unwrap();
+    std::fs::write(dir.join("ak"), ck).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _server = Kill(
+        Command::new(BIN)
+            .args(["server", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--key", &key("s.key"), "--authorized-keys", &key("ak")])
+            .args(["--control", "none"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let out = lh(&[
+        "doctor",
+        &format!("127.0.0.1:{port}"),
+        "--key",
+        &key("c.key"),
+        "--pin",
+        fp.trim(),
+        "-t",
+        "1",
+    ]);
+    let (text, err) = (
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    );
+    assert!(out.status.success(), "{err}");
+    // It says what it is doing while it measures.
+    assert!(err.contains("doctor: measuring the tunnel"), "{err}");
+    let tunnel = rate_after(&text, "carrier carried").unwrap();
+    let direct = rate_after(&text, "default buffers carried").unwrap();
+    if tunnel < 0.8 * direct {
+        assert!(text.contains("The tunnel is the limit here"), "{text}");
+        assert!(!text.contains("the path is the limit"), "{text}");
+    } else {
+        assert!(!text.contains("The tunnel is the limit"), "{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
