@@ -371,6 +371,18 @@ pub(crate) async fn stop_signal() {
 }
 
 async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
+    // A terminal closing, or a habit from the server's reload, must not
+    // kill a client by surprise.
+    #[cfg(unix)]
+    if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                tracing::info!(
+                    "SIGHUP ignored: a client has nothing to reload (restart it to change its forwards)"
+                );
+            }
+        });
+    }
     let mut cfg = connect::client_config(&a.server, &a.conn, &a.session, a.jmux)?;
     cfg.local = a.local.clone();
     cfg.remote = a.remote.clone();

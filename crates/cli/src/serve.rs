@@ -115,7 +115,7 @@ pub(crate) async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
         );
     }
     if let Some(name) = &instance {
-        tracing::info!("instance {name} (clients' resumes and lanes name it for a load balancer)");
+        tracing::debug!("instance {name} (clients' resumes and lanes name it for a load balancer)");
     }
     if let Some(fp) = key_fp {
         tracing::info!("server key {fp} (clients: --pin {fp})");

@@ -352,6 +352,17 @@ fn a_client_that_stops_frees_its_reverse_ports_at_once_on_every_way_out() {
         wait_until(10, "the -R open", || {
             std::fs::read_to_string(dir.join(&log)).is_ok_and(|l| l.contains("open"))
         });
+        if i == 0 {
+            // A SIGHUP does not kill a client.
+            signal(&c, "-HUP");
+            wait_until(5, "the SIGHUP said", || {
+                std::fs::read_to_string(dir.join(&log)).is_ok_and(|l| l.contains("SIGHUP ignored"))
+            });
+            assert!(
+                c.0.try_wait().unwrap().is_none(),
+                "SIGHUP killed the client"
+            );
+        }
         signal(&c, sig);
         wait_exit(&mut c, 5);
         let again = format!("again{i}.log");

@@ -172,10 +172,10 @@ impl Backoff {
         }
     }
 
-    /// A failed attempt: logged at the 1st, 2nd, 4th, 8th… (the rest at
-    /// debug level), so a long outage does not flood the log.
+    /// A failed attempt: logged at the 1st, 2nd, 3rd, 4th, 8th, 16th… (the
+    /// rest at debug level), so a long outage does not flood the log.
     fn log(&self, what: &str) {
-        if self.attempts.is_power_of_two() {
+        if self.attempts <= 3 || self.attempts.is_power_of_two() {
             tracing::warn!(attempt = self.attempts, "{what}");
         } else {
             tracing::debug!(attempt = self.attempts, "{what}");

@@ -272,12 +272,14 @@ impl Shared {
         } else {
             self.spawn_carrier(carrier, id, resend);
         }
-        tracing::info!(
-            peer = %self.peer,
-            outage = ?outage.unwrap_or_default(),
-            replayed = bytes,
-            "session resumed on a new carrier"
-        );
+        // A client says it in its own words (the reconnect's line): one
+        // line per resume.
+        let outage = outage.unwrap_or_default();
+        if self.with(|m, _| m.is_answer_only()) {
+            tracing::info!(peer = %self.peer, ?outage, replayed = bytes, "session resumed on a new carrier");
+        } else {
+            tracing::debug!(peer = %self.peer, ?outage, replayed = bytes, "session resumed on a new carrier");
+        }
         Ok(bytes)
     }
 }

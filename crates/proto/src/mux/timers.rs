@@ -16,6 +16,11 @@ impl Mux {
     /// the peer pings, a PING of our own only every [`ANSWERING_PING_EVERY`]
     /// intervals, for our own RTT (window growth needs it); every
     /// interval once the peer stops. Off by default.
+    /// Whether this side only answers PINGs (a server).
+    pub fn is_answer_only(&self) -> bool {
+        self.answer_only
+    }
+
     pub fn set_answer_only(&mut self, yes: bool) {
         self.answer_only = yes;
     }
