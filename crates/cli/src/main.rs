@@ -394,10 +394,12 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
         anyhow::bail!("nothing to forward: give at least one of -L, -R, -D or --http-proxy");
     }
     let metrics = cfg.metrics.clone();
-    let client = Client::start(cfg).await?;
+    // Before the session: a taken metrics address must not leave a session
+    // behind on the server.
     if let Some(addr) = a.metrics {
         serve::serve_metrics(addr, metrics.clone()).await?;
     }
+    let client = Client::start(cfg).await?;
     let _control = control(a.control.as_deref(), "client", metrics);
     for (spec, addr) in a.local.iter().zip(&client.local_addrs) {
         let (p, h, hp) = (spec.prefix(), &spec.host, spec.host_port);

@@ -310,9 +310,9 @@ impl Client {
     /// written and the server forgets the session (within `grace`), so its
     /// `-R` ports are free again at once.
     pub async fn shutdown(&self, why: &str, grace: Duration) {
-        // The GOODBYE first: stopping the supervisor first would let it
-        // close the session before it is said.
-        self.session().shutdown(why, grace).await;
+        // The supervisor first, so that it dials nothing more (it leaves
+        // the session to us); then the GOODBYE.
         self.stop.send_replace(true);
+        self.session().shutdown(why, grace).await;
     }
 }

@@ -67,13 +67,18 @@ pub(crate) async fn establish(
             .await
             .with_context(|| {
                 format!(
-                    "session with {url} failed: the server closed the connection (did it accept {}? its log says why)",
+                    "session with {url} failed: the server closed the connection (it did not accept us {}, or had no session slot free: its log says which)",
                     config.credentials()
                 )
             })
     };
     // The first dial is bounded like any handshake: a listener that
-    // accepts and never answers is reported, not waited on for ever.
+    // accepts and never answers is reported, not waited on for ever. (Not
+    // a command's: ssh may be asking for a password on the terminal.)
+    let limit = match url {
+        longhaul_carrier::CarrierUrl::Cmd { .. } => Duration::MAX,
+        _ => limit,
+    };
     let s = tokio::time::timeout(limit, attempt).await.map_err(|_| {
         let what = match url {
             longhaul_carrier::CarrierUrl::Dir(_) => "no longhaul server answered in that folder",
@@ -226,9 +231,8 @@ pub(crate) async fn supervise(
             _ = stop.wait_for(|s| *s) => (false, None),
         };
         if *stop.borrow() {
-            // `Client::stop` closed the session (and this one, should it
-            // have replaced that one meanwhile): not a loss to repair.
-            session.close("client stopped");
+            // `Client::stop` closes the session, `Client::shutdown` says
+            // GOODBYE on it: not a loss to repair, nor ours to cut short.
             ended.send_replace(Some("client stopped".into()));
             return;
         }
@@ -277,6 +281,7 @@ pub(crate) async fn supervise(
                 tokio::select! {
                     _ = tokio::time::sleep(backoff.next()) => {}
                     _ = stop.wait_for(|s| *s) => {
+                        // Detached: nothing can be said to the server.
                         session.close("client stopped");
                         ended.send_replace(Some("client stopped".into()));
                         return;
@@ -371,6 +376,14 @@ pub(crate) async fn supervise(
                 }
             }
             match establish(&config, acceptor.clone()).await {
+                Ok(s) if *stop.borrow() => {
+                    // Stopped while it was being made: it ends at once,
+                    // and the server knows.
+                    s.shutdown("client stopped", crate::client::GOODBYE_GRACE)
+                        .await;
+                    ended.send_replace(Some("client stopped".into()));
+                    return;
+                }
                 Ok(s) => {
                     tracing::info!("new session with {url}");
                     rebind(&config, &s, &remote_ports).await;

@@ -330,7 +330,13 @@ impl Serving {
             Ok(Admitted::Attached(what)) => tracing::info!(%from, "{what}"),
             Err(e) if e == UNHEARD => tracing::debug!(%from, "{e} (a check?)"),
             Err(e) => {
-                if REFUSED.pass("refused carriers") {
+                // Failed authentications apart: a flood of cheap failures
+                // must not hide them (with their source) from the log.
+                let throttle = match e.contains("not authenticated") {
+                    true => &UNAUTHENTICATED,
+                    false => &REFUSED,
+                };
+                if throttle.pass("refused carriers") {
                     tracing::warn!(%from, "{e}");
                 }
             }
@@ -341,6 +347,8 @@ impl Serving {
 /// Refused carriers logged, across the server: an authenticated peer (or,
 /// before authentication, anyone) can make one per connection.
 static REFUSED: longhaul_session::logs::Throttle = longhaul_session::logs::Throttle::new();
+/// Carriers refused for their key or token, logged apart.
+static UNAUTHENTICATED: longhaul_session::logs::Throttle = longhaul_session::logs::Throttle::new();
 
 /// A connection closed this soon after it was accepted, without a byte,
 /// is taken for a check (load balancers close theirs at once).

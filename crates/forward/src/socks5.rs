@@ -225,13 +225,23 @@ async fn associate(mut ctl: TcpStream, session: SessionHandle, host: String, por
     // connection's), from the port it named (else the port of the first
     // datagram that parses from that address: junk sent first by another
     // local program does not take the association).
-    let ip = host
+    // (A client behind NAT may name its private address: its TCP
+    // connection's address counts as well.)
+    let named = host
         .parse::<IpAddr>()
         .ok()
         .filter(|ip| !ip.is_unspecified())
-        .unwrap_or(peer.ip());
+        .map(|ip| ip.to_canonical());
+    let peer_ip = peer.ip().to_canonical();
     let port = (port != 0).then_some(port);
-    let mut client = port.map(|p| SocketAddr::new(ip, p));
+    let from_client = move |from: SocketAddr| {
+        let ip = from.ip().to_canonical();
+        (ip == peer_ip || Some(ip) == named) && port.is_none_or(|p| p == from.port())
+    };
+    let same = |a: SocketAddr, b: SocketAddr| {
+        a.ip().to_canonical() == b.ip().to_canonical() && a.port() == b.port()
+    };
+    let mut client: Option<SocketAddr> = None;
     let flows: Flows<(String, u16)> = Flows::new(MAX_ASSOCIATION_FLOWS);
     let current = session.clone();
     let session_closed = async move {
@@ -250,8 +260,8 @@ async fn associate(mut ctl: TcpStream, session: SessionHandle, host: String, por
             r = sock.recv_from(&mut buf) => {
                 let Ok((n, from)) = r else { continue };
                 let ours = match client {
-                    Some(c) => c == from,
-                    None => from.ip().to_canonical() == ip.to_canonical(),
+                    Some(c) => same(c, from),
+                    None => from_client(from),
                 };
                 if !ours {
                     continue;

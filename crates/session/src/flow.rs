@@ -103,7 +103,7 @@ pub(crate) fn spawn_connected(
     shared: &Arc<Shared>,
     id: u32,
     sock: UdpSocket,
-    lease: Option<Arc<crate::local::Lease>>,
+    lease: Option<Arc<Vec<crate::local::Lease>>>,
 ) {
     let local = sock.peer_addr().ok().map(|a| a.to_string());
     let sock = Arc::new(sock);

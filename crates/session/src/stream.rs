@@ -29,16 +29,19 @@ const UPLINK_FIRST_READ: usize = 64 * 1024;
 /// queued frames never pin much more memory than the bytes they carry.
 const SHORT_READ_SHARE: usize = 4;
 
-/// Starts relaying between stream `id` and `sock`: its two pumps.
+/// Starts relaying between stream `id` and `sock`: its two pumps. A
+/// lease the socket came with is held by both pumps, and goes with the
+/// last of them.
 pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
-    let (sock, lease) = match sock {
-        LocalStream::Leased(sock, lease) => (*sock, Some(Arc::new(lease))),
-        sock => (sock, None),
-    };
+    let mut sock = sock;
+    let mut leases = Vec::new();
+    while let LocalStream::Leased(inner, lease) = sock {
+        leases.push(lease);
+        sock = *inner;
+    }
+    let lease = (!leases.is_empty()).then(|| Arc::new(leases));
     let sock = match sock {
         LocalStream::Udp(sock) => return crate::flow::spawn_connected(shared, id, sock, lease),
-        // Leases are not nested.
-        LocalStream::Leased(sock, _) => *sock,
         other => other,
     };
     let Some(io) = shared.pumps_io(id) else {
@@ -52,31 +55,43 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
         LocalStream::Tcp(sock) => {
             let _ = longhaul_carrier::tune_socket(&sock);
             let (r, w) = sock.into_split();
-            let (held, down) = (lease, downlink(shared.clone(), id, io.clone(), w));
-            shared.spawn(async move {
-                down.await;
-                drop(held);
-            });
-            shared.spawn(uplink(shared.clone(), id, io, r))
+            shared.spawn(holding(
+                lease.clone(),
+                downlink(shared.clone(), id, io.clone(), w),
+            ));
+            shared.spawn(holding(lease.clone(), uplink(shared.clone(), id, io, r)))
         }
         LocalStream::Unix(sock) => {
             let (r, w) = sock.into_split();
-            shared.spawn(downlink(shared.clone(), id, io.clone(), w));
-            shared.spawn(uplink(shared.clone(), id, io, r))
+            shared.spawn(holding(
+                lease.clone(),
+                downlink(shared.clone(), id, io.clone(), w),
+            ));
+            shared.spawn(holding(lease.clone(), uplink(shared.clone(), id, io, r)))
         }
         LocalStream::Service(pipe) => {
             let (r, w) = pipe.split();
-            shared.spawn(crate::pipe_pumps::downlink(
-                shared.clone(),
-                id,
-                io.clone(),
-                w,
+            shared.spawn(holding(
+                lease.clone(),
+                crate::pipe_pumps::downlink(shared.clone(), id, io.clone(), w),
             ));
-            shared.spawn(crate::pipe_pumps::uplink(shared.clone(), id, io, r))
+            shared.spawn(holding(
+                lease.clone(),
+                crate::pipe_pumps::uplink(shared.clone(), id, io, r),
+            ))
         }
         LocalStream::Udp(_) | LocalStream::Leased(..) => return,
     };
     shared.set_uplink(id, up.abort_handle(), local);
+}
+
+/// `f`, holding `lease` until it ends (or is dropped).
+async fn holding<F: std::future::Future<Output = ()>>(
+    lease: Option<Arc<Vec<crate::local::Lease>>>,
+    f: F,
+) {
+    let _lease = lease;
+    f.await
 }
 
 /// Local socket → DATA frames, as fast as the peer's credit and the
