@@ -116,13 +116,13 @@ impl Session {
     ) -> Result<Served, SessionError> {
         let n = hello(&mut carrier, &config).await?;
         if !n.resume {
-            return Ok(Served::New(NewSession {
+            return Ok(Served::New(Box::new(NewSession {
                 carrier,
                 config,
                 acceptor,
                 negotiated: n,
                 resumable: None,
-            }));
+            })));
         }
         crate::resume::serve_attach(carrier, config, acceptor, resumables, identity, &n).await
     }

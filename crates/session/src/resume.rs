@@ -29,7 +29,7 @@ use crate::start::{decode_limits, replay_limit, Negotiated};
 /// What [`crate::Session::serve`] did with a carrier.
 pub enum Served {
     /// The client asks for a new session: start it, or refuse it.
-    New(NewSession),
+    New(Box<NewSession>),
     /// It now carries an existing session that had lost its carrier.
     Resumed(SessionHandle),
     /// It is one more lane of a striped session.
@@ -357,7 +357,7 @@ pub(crate) async fn serve_attach(
                 msg.extend(instance::encode(config.instance.as_deref()));
             }
             let link = LinkLayer::new(limit, peer as usize, lanes, id, secret, identity);
-            Ok(Served::New(NewSession {
+            Ok(Served::New(Box::new(NewSession {
                 carrier,
                 config,
                 acceptor,
@@ -368,7 +368,7 @@ pub(crate) async fn serve_attach(
                     id,
                     table: resumables.clone(),
                 }),
-            }))
+            })))
         }
         Attach::Lane {
             id,

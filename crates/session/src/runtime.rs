@@ -360,7 +360,7 @@ impl Shared {
                     tracing::debug!(
                         peer = %self.peer,
                         stream = id,
-                        dest = %crate::logs::shown(&s.dest.to_string()),
+                        dest = %crate::logs::shown(s.dest.as_ref()),
                         sent,
                         received,
                         secs = s.since.elapsed().as_secs_f64(),
