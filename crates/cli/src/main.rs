@@ -397,7 +397,7 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     // Before the session: a taken metrics address must not leave a session
     // behind on the server.
     if let Some(addr) = a.metrics {
-        serve::serve_metrics(addr, metrics.clone()).await?;
+        serve::serve_metrics(addr, metrics.clone(), "client").await?;
     }
     let client = Client::start(cfg).await?;
     let _control = control(a.control.as_deref(), "client", metrics);

@@ -101,7 +101,7 @@ pub(crate) async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     let server = Server::bind(cfg).await.context("server not started")?;
     tokio::spawn(reload::on_hangup(server.reloader()));
     if let Some(addr) = a.metrics {
-        serve_metrics(addr, metrics.clone()).await?;
+        serve_metrics(addr, metrics.clone(), "server").await?;
     }
     let _control = control(a.control.as_deref(), "server", metrics);
     if a.insecure {
@@ -147,10 +147,11 @@ pub(crate) async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
 pub(crate) async fn serve_metrics(
     addr: std::net::SocketAddr,
     metrics: std::sync::Arc<longhaul_forward::metrics::Metrics>,
+    role: &'static str,
 ) -> anyhow::Result<()> {
-    let bound = longhaul_forward::metrics::serve(addr, metrics)
+    let bound = longhaul_forward::metrics::serve(addr, metrics, role)
         .await
         .map_err(|e| anyhow::anyhow!("--metrics {addr}: {e}"))?;
-    tracing::info!("metrics on http://{bound}/metrics");
+    tracing::info!("metrics on http://{bound}/metrics, a dashboard on http://{bound}/");
     Ok(())
 }

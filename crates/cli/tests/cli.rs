@@ -512,3 +512,47 @@ fn connection_checks_are_not_logged() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_readme_quick_start_runs_word_for_word() {
+    let readme = include_str!("../../../README.md");
+    let block = readme
+        .split("<!-- quick-start -->")
+        .nth(1)
+        .and_then(|b| b.split("<!-- /quick-start -->").next())
+        .expect("the README has a quick start");
+    let script: String = block
+        .lines()
+        .filter(|l| !l.starts_with("```"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let dir = std::env::temp_dir().join(format!("lh-quick-start-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin_dir = std::path::Path::new(BIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // The lines as they are; what they start in the background is ended
+    // with them.
+    let wrapped = format!("set -e\ntrap 'kill $(jobs -p) 2>/dev/null' EXIT\n{script}");
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(&wrapped)
+        .current_dir(&dir)
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("bit/s"), "no throughput reported: {stdout}");
+    // The client said what it did.
+    assert!(stderr.contains("server key SHA256:"), "{stderr}");
+    assert!(stderr.contains("authenticated with the token"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -414,3 +414,113 @@ fn logs_have_no_colours_in_a_file_and_can_be_json() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Debian's headless browser, if installed (`.ci/setup` installs it).
+fn chromium() -> Option<&'static str> {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+}
+
+/// The page at `url` as a headless Chromium renders it after its script
+/// has run for a while.
+fn rendered(browser: &str, url: &str) -> String {
+    let out = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+            url,
+        ])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// `data-bytes` of the element with `id` in a dumped page.
+fn data_bytes(dom: &str, id: &str) -> Option<u64> {
+    let at = dom.find(&format!("id=\"{id}\""))?;
+    let rest = &dom[at..];
+    let v = &rest[rest.find("data-bytes=\"")? + 12..];
+    v[..v.find('"')?].parse().ok()
+}
+
+#[test]
+fn the_dashboard_shows_a_live_transfer_in_a_real_browser() {
+    let Some(browser) = chromium() else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must have chromium (.ci/setup)"
+        );
+        eprintln!("SKIPPED: no chromium");
+        return;
+    };
+    let dir = tmpdir("ops-dashboard");
+    let (bench, port, local, mport) = (free_port(), free_port(), free_port(), free_port());
+    let _bench = spawn(&["bench", "server", "--listen", &format!("127.0.0.1:{bench}")]);
+    let _server = spawn_logged(
+        &[
+            "server",
+            "--listen",
+            &format!("tcp://127.0.0.1:{port}"),
+            "--insecure",
+            "--allow",
+            &format!("127.0.0.1:{bench}"),
+            "--metrics",
+            &format!("127.0.0.1:{mport}"),
+            "--control",
+            "none",
+        ],
+        &dir.join("server.log"),
+    );
+    wait_port(bench);
+    wait_port(port);
+    wait_port(mport);
+    let _client = spawn_logged(
+        &[
+            "client",
+            &format!("tcp://127.0.0.1:{port}"),
+            "--insecure",
+            "-L",
+            &format!("{local}:127.0.0.1:{bench}"),
+            "--control",
+            "none",
+        ],
+        &dir.join("client.log"),
+    );
+    wait_port(local);
+    // A transfer through the tunnel while the page is looked at.
+    let _load = spawn(&["bench", "tput", &format!("127.0.0.1:{local}"), "-t", "10"]);
+    let url = format!("http://127.0.0.1:{mport}/");
+    let mut seen = vec![];
+    for _ in 0..2 {
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let dom = rendered(browser, &url);
+        assert!(
+            dom.contains(&format!("tcp://127.0.0.1:{bench}")),
+            "the stream's destination is not on the page: {dom}"
+        );
+        assert!(
+            dom.contains("Sessions (<span id=\"session-count\">1</span>)"),
+            "{dom}"
+        );
+        seen.push(data_bytes(&dom, "total-received").unwrap_or(0));
+    }
+    assert!(
+        seen[0] > 0 && seen[1] > seen[0],
+        "the numbers on the page do not move: {seen:?}"
+    );
+    // Only its own script may run, and the page is not framed.
+    let mut s = TcpStream::connect(("127.0.0.1", mport)).unwrap();
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let mut head = String::new();
+    let _ = s.read_to_string(&mut head);
+    assert!(
+        head.contains("Content-Security-Policy: default-src 'none'; script-src 'self'"),
+        "{head}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

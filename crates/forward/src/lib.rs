@@ -15,6 +15,7 @@ pub mod auth;
 pub mod client;
 mod client_config;
 pub mod connect;
+mod dashboard;
 mod dial;
 pub mod doctor;
 mod drain;

@@ -374,12 +374,20 @@ const MAX_REQUEST: usize = 8 * 1024;
 /// Time a scraper has to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Serves `GET /metrics` on `addr` (anything else: 404). Returns the bound
+/// Serves `GET /metrics` on `addr`, and the read-only dashboard: `GET /`
+/// (a page with no outside assets), `/dashboard.js` and `/status.json`
+/// (what `longhaul status` shows, bounded: see [`crate::dashboard`]);
+/// anything else: 404. `role`: "server" or "client". Returns the bound
 /// address; the endpoint runs until the runtime ends.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    role: &'static str,
+) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
+    let started = std::time::Instant::now();
     tokio::spawn(async move {
         loop {
             let (mut sock, _) = longhaul_carrier::accept_with_backoff(&listener, "--metrics").await;
@@ -405,14 +413,11 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<S
                 if !matches!(head, Ok(true)) {
                     return;
                 }
-                let wanted = buf.starts_with(b"GET /metrics ") || buf.starts_with(b"GET / ");
-                let (status, body) = match wanted {
-                    true => ("200 OK", m.render()),
-                    false => ("404 Not Found", "try /metrics\n".to_string()),
-                };
+                let (status, kind, body) = crate::dashboard::answer(&buf, &m, role, started);
                 let reply = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
+                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n{body}",
+                    body.len(),
+                    crate::dashboard::HEADERS
                 );
                 let _ = sock.write_all(reply.as_bytes()).await;
                 let _ = sock.shutdown().await;

@@ -176,7 +176,7 @@ fn only_ours(path: &Path) -> std::io::Result<()> {
     std::fs::set_permissions(by_fd, std::fs::Permissions::from_mode(0o600))
 }
 
-fn snapshot(role: &str, started: Instant, metrics: &Metrics) -> Value {
+pub(crate) fn snapshot(role: &str, started: Instant, metrics: &Metrics) -> Value {
     let sessions: Vec<Value> = metrics
         .sessions()
         .iter()
