@@ -180,9 +180,14 @@ where
     let (ws, _resp) = tokio_tungstenite::client_async_with_config(req, io, Some(ws_config()))
         .await
         .map_err(|e| {
+            // What answers there speaks TLS, not HTTP: a tls:// listener.
+            let hint = match e.to_string().contains("invalid HTTP version") {
+                true => " (that port answers in TLS, not HTTP: is it a tls:// listener? then use tls://HOST:PORT; a WebSocket listener inside TLS is wss://)",
+                false => "",
+            };
             std::io::Error::new(
                 std::io::ErrorKind::ConnectionRefused,
-                format!("WebSocket upgrade at {url} failed: {e}"),
+                format!("WebSocket upgrade at {url} failed: {e}{hint}"),
             )
         })?;
     Ok(WsIo::new(ws))

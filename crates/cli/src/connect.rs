@@ -33,6 +33,7 @@ pub(crate) fn client_config(
         let id = longhaul_carrier::Identity::load(&k)?;
         tracing::debug!("our key {} ({})", id.fingerprint, k.display());
         cfg.identity = Some(id);
+        cfg.identity_file = Some(k);
     }
     cfg.pin = a.pin;
     cfg.known_hosts = a

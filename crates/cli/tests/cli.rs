@@ -556,3 +556,68 @@ fn the_readme_quick_start_runs_word_for_word() {
     assert!(stderr.contains("authenticated with the token"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_refused_first_session_says_who_refused_what_and_the_fix_once() {
+    let dir = tmpdir("refused-start");
+    let (skey, fp) = keygen(&dir, "s.key");
+    let (_, allowed) = keygen(&dir, "c.key");
+    let (other, other_fp) = keygen(&dir, "other.key");
+    std::fs::write(dir.join("ak"), format!("{allowed}\n")).unwrap();
+    let port = free_port();
+    let _server = spawn_logged(
+        &[
+            "server",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--key",
+            skey.to_str().unwrap(),
+            "--authorized-keys",
+            dir.join("ak").to_str().unwrap(),
+            "--allow",
+            "127.0.0.1:1",
+            "--control",
+            "none",
+        ],
+        &dir.join("server.log"),
+    );
+    wait_port(port);
+    let client = |server: &str, auth: &[&str]| {
+        let mut args = vec![
+            "client",
+            server,
+            "--pin",
+            &fp,
+            "-L",
+            "0:127.0.0.1:1",
+            "--no-reconnect",
+            "--control",
+            "none",
+        ];
+        args.extend_from_slice(auth);
+        let (code, err) = run_err(&args);
+        assert_ne!(code, 0);
+        err
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let err = client(&addr, &["--key", other.to_str().unwrap()]);
+    assert!(err.contains("did not let us in"), "{err}");
+    assert!(
+        err.contains(&other_fp) && err.contains("--authorized-keys"),
+        "{err}"
+    );
+    // Said once, without the TLS library's words or links.
+    assert!(
+        !err.contains("docs.rs") && !err.contains("close_notify"),
+        "{err}"
+    );
+    let err = client(&addr, &["--token", "wrong"]);
+    assert!(
+        err.contains("with the token") && err.contains("LONGHAUL_TOKEN"),
+        "{err}"
+    );
+    // ws:// against a TLS listener says so.
+    let err = client(&format!("ws://127.0.0.1:{port}/x"), &["--token", "wrong"]);
+    assert!(err.contains("answers in TLS"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

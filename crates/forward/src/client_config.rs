@@ -20,6 +20,8 @@ pub struct ClientConfig {
     pub server: CarrierUrl,
     /// Our key, shown to the server in TLS (None: authenticate by token).
     pub identity: Option<Identity>,
+    /// Where that key was read from, for the messages that name it.
+    pub identity_file: Option<std::path::PathBuf>,
     /// The server's key must be this one.
     pub pin: Option<Fingerprint>,
     /// Without a pin: trust on first use, remembered here.
@@ -69,6 +71,7 @@ impl ClientConfig {
         ClientConfig {
             server,
             identity: None,
+            identity_file: None,
             pin: None,
             known_hosts: None,
             trust_first_use: false,

@@ -65,12 +65,7 @@ pub(crate) async fn establish(
         let carrier = dial(config, None).await?;
         Session::start(carrier, config.session.clone(), acceptor)
             .await
-            .with_context(|| {
-                format!(
-                    "session with {url} failed: the server closed the connection (it did not accept us {}, or had no session slot free: its log says which)",
-                    config.credentials()
-                )
-            })
+            .map_err(|e| refused_at_start(config, e))
     };
     // The first dial is bounded like any handshake: a listener that
     // accepts and never answers is reported, not waited on for ever. (Not
@@ -97,6 +92,46 @@ pub(crate) async fn establish(
         tracing::warn!("{url} does not stripe sessions: running over one carrier");
     }
     Ok(s)
+}
+
+/// A first session that failed, in one line that says who refused what
+/// and what to do; the transport's own words only at `-v`.
+fn refused_at_start(config: &ClientConfig, e: SessionError) -> anyhow::Error {
+    let url = &config.server;
+    let closed = match &e {
+        SessionError::Io(io) => matches!(
+            io.kind(),
+            std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::BrokenPipe
+        ),
+        _ => false,
+    };
+    if !closed {
+        return anyhow!("session with {url} failed: {e}");
+    }
+    tracing::debug!("the carrier ended during the hello: {e}");
+    let fix = match (&config.identity, &config.token, &config.server) {
+        (_, _, longhaul_carrier::CarrierUrl::Cmd { .. }) => {
+            "the command's server ended; run the command by hand to see why".to_string()
+        }
+        (Some(id), _, _) => format!(
+            "add our key {} (the line in {}.pub, or `longhaul fingerprint` of our key) to the server's --authorized-keys file",
+            id.fingerprint,
+            config
+                .identity_file
+                .as_ref()
+                .map_or("our key file".into(), |p| p.display().to_string())
+        ),
+        (None, Some(_), _) => "check that our token (LONGHAUL_TOKEN or --token) is the server's".into(),
+        (None, None, _) => {
+            "give --key FILE (its fingerprint listed in the server's --authorized-keys) or --token".into()
+        }
+    };
+    anyhow!(
+        "{url} did not let us in ({}): {fix}. (Or it had no session slot free: the server's log says which.)",
+        config.credentials()
+    )
 }
 
 /// Keeps a striped session at its number of lanes: dials the missing ones
