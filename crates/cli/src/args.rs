@@ -20,27 +20,28 @@ pub use crate::values::*;
 )]
 pub struct Cli {
     /// More logging (-v debug, -vv trace); RUST_LOG overrides.
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, help_heading = "Global options")]
     pub verbose: u8,
     /// Only warnings and errors.
-    #[arg(short, long, global = true)]
+    #[arg(short, long, global = true, help_heading = "Global options")]
     pub quiet: bool,
     /// Worker threads: 1 runs everything on one thread (the default of the
     /// client and of a server that serves only folders: few sessions, no
     /// hand-offs between threads), 0 one per CPU (the default of every
     /// other command).
-    #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
+    #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024), help_heading = "Global options")]
     pub threads: Option<u16>,
     /// Options from a TOML file (keys: the command's long options); the command line overrides it. See contrib/server.toml.
     #[arg(
         long = "config",
         id = "config_file",
         global = true,
-        value_name = "FILE"
+        value_name = "FILE",
+        help_heading = "Global options"
     )]
     pub config_file: Option<std::path::PathBuf>,
     /// Log lines as text (colours only on a terminal) or as JSON objects, one per line.
-    #[arg(long, global = true, value_name = "text|json", default_value = "text")]
+    #[arg(long, global = true, value_name = "text|json", default_value = "text", help_heading = "Global options")]
     pub log_format: LogFormat,
     #[command(subcommand)]
     pub cmd: Cmd,

@@ -18,13 +18,13 @@ pub enum BenchCmd {
     Server(BenchServerArgs),
     /// Throughput over N parallel connections (iperf-like).
     Tput(TputArgs),
-    /// Request/response round trips per size (seed 000's method).
+    /// Request/response round trips per size: mean and percentiles of N round trips each.
     Rr(RrArgs),
     /// Goodput of a transfer in blocks, by block size, one block in flight
-    /// (a chatty protocol) or several (pipelined): seed 003's table.
+    /// (a chatty protocol) or several (pipelined).
     Goodput(GoodputArgs),
-    /// Seed 004's table: direct vs tunnel per (delay, connections) over the
-    /// WAN emulator, written as report.md, report.json and chart.svg. Needs root.
+    /// Direct vs tunnel per (delay, connections) over the WAN emulator,
+    /// written as report.md, report.json and chart.svg. Needs root.
     Matrix(MatrixArgs),
     /// UDP at a set rate and size, like iperf3 -u, measured over the round
     /// trip (the bench server sends each datagram back): loss,
@@ -102,7 +102,7 @@ pub struct MatrixArgs {
     /// Random loss on the emulated link, e.g. 0.5%.
     #[arg(long, default_value = "0", value_parser = parse_loss)]
     pub loss: f64,
-    /// Fixed socket buffers for the application (bench client and server), e.g. 64k: seed 001's scenario.
+    /// Fixed socket buffers for the application (bench client and server), e.g. 64k: an application that cannot be retuned.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub app_buffer: Option<u64>,
     /// Raise the namespaces' TCP buffer maximum, e.g. 64m.
@@ -126,8 +126,8 @@ pub struct MatrixArgs {
     /// longhaul's carrier: tcp (plain, the multiplexer alone) or tls (pinned keys, as users run it).
     #[arg(long, default_value = "tcp", value_parser = ["tcp", "tls"])]
     pub carrier: String,
-    /// Load generator: iperf3 (Debian's, when installed; seed 004 used
-    /// iperf), bench (longhaul bench tput), or auto (iperf3 if installed).
+    /// Load generator: iperf3 (Debian's, when installed), bench (longhaul
+    /// bench tput), or auto (iperf3 if installed).
     #[arg(long, default_value = "auto", value_parser = longhaul_bench::load::Load::parse)]
     pub load: longhaul_bench::load::Load,
 }
