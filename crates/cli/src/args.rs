@@ -41,7 +41,13 @@ pub struct Cli {
     )]
     pub config_file: Option<std::path::PathBuf>,
     /// Log lines as text (colours only on a terminal) or as JSON objects, one per line.
-    #[arg(long, global = true, value_name = "text|json", default_value = "text", help_heading = "Global options")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "text|json",
+        default_value = "text",
+        help_heading = "Global options"
+    )]
     pub log_format: LogFormat,
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -325,6 +331,9 @@ pub struct ClientArgs {
     /// Do not dial again when the carrier drops (the client exits instead; the default resumes the session, or starts a new one if the server lost it).
     #[arg(long)]
     pub no_reconnect: bool,
+    /// Keep trying the first connection until a server answers (with the reconnect's backoff), instead of exiting: for a client started before its server, or at boot.
+    #[arg(long, conflicts_with = "no_reconnect")]
+    pub wait_for_server: bool,
     #[command(flatten)]
     pub session: SessionArgs,
 }

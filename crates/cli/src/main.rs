@@ -389,6 +389,7 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     cfg.socks = a.socks.clone();
     cfg.http = a.http_proxy.clone();
     cfg.reconnect = !a.no_reconnect;
+    cfg.wait_for_server = a.wait_for_server;
     if cfg.local.is_empty() && cfg.remote.is_empty() && cfg.socks.is_empty() && cfg.http.is_empty()
     {
         anyhow::bail!("nothing to forward: give at least one of -L, -R, -D or --http-proxy");
@@ -399,7 +400,11 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     if let Some(addr) = a.metrics {
         serve::serve_metrics(addr, metrics.clone(), "client").await?;
     }
-    let client = Client::start(cfg).await?;
+    // Ctrl-C while it waits for a server (or dials) ends it at once.
+    let client = tokio::select! {
+        c = Client::start(cfg) => c?,
+        _ = stop_signal() => return Ok(()),
+    };
     let _control = control(a.control.as_deref(), "client", metrics);
     for (spec, addr) in a.local.iter().zip(&client.local_addrs) {
         let (p, h, hp) = (spec.prefix(), &spec.host, spec.host_port);

@@ -464,3 +464,43 @@ fn a_first_dial_that_gets_no_answer_ends_at_the_handshake_timeout_and_says_so() 
     drop(hole);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_client_started_before_its_server_waits_for_it_when_asked() {
+    let dir = tmpdir("client-waits");
+    let tport = echo_target();
+    let sport = free_port();
+    let lport = free_port();
+    let _client = spawn_logged(
+        &[
+            "client",
+            &format!("tcp://127.0.0.1:{sport}"),
+            "--insecure",
+            "--wait-for-server",
+            "-L",
+            &format!("{lport}:127.0.0.1:{tport}"),
+            "--control",
+            "none",
+        ],
+        &dir.join("client.log"),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let log = std::fs::read_to_string(dir.join("client.log")).unwrap();
+    assert!(log.contains("waiting for tcp://127.0.0.1"), "{log}");
+    let _server = spawn_logged(
+        &[
+            "server",
+            "--listen",
+            &format!("tcp://127.0.0.1:{sport}"),
+            "--insecure",
+            "--allow",
+            &format!("127.0.0.1:{tport}"),
+            "--control",
+            "none",
+        ],
+        &dir.join("server.log"),
+    );
+    wait_port(lport);
+    echo_once(lport).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

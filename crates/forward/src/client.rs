@@ -164,7 +164,10 @@ impl Client {
         let acceptor = Arc::new(ClientAcceptor {
             targets: Mutex::new(targets),
         });
-        let session = crate::reconnect::establish(&config, acceptor.clone()).await?;
+        let session = match config.wait_for_server {
+            true => crate::reconnect::establish_patiently(&config, acceptor.clone()).await?,
+            false => crate::reconnect::establish(&config, acceptor.clone()).await?,
+        };
         match Client::serve(config, acceptor, session.clone()).await {
             Ok(c) => Ok(c),
             Err(e) => {

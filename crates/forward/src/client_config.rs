@@ -45,6 +45,9 @@ pub struct ClientConfig {
     /// fresh one when the server no longer has it. Off in JMUX mode and
     /// for `cmd://` (see [`ClientConfig::reconnects`]).
     pub reconnect: bool,
+    /// Keep trying the first connection until a server answers, instead
+    /// of failing at once (`--wait-for-server`).
+    pub wait_for_server: bool,
     /// TLS sessions to resume: the lanes of a striped session and redials
     /// skip the full handshake.
     pub tls_sessions: longhaul_carrier::tls::SessionCache,
@@ -84,6 +87,7 @@ impl ClientConfig {
             session: SessionConfig::default(),
             congestion: None,
             reconnect: true,
+            wait_for_server: false,
             tls_sessions: Default::default(),
             via: Vec::new(),
             metrics: crate::metrics::Metrics::new(),

@@ -94,6 +94,26 @@ pub(crate) async fn establish(
     Ok(s)
 }
 
+/// [`establish`], again and again until a server answers (`--wait-for-server`:
+/// a client started before its server, or at boot): with the reconnect's
+/// backoff, each failure logged as reconnects are. A server whose key is
+/// not the one pinned is never waited for.
+pub(crate) async fn establish_patiently(
+    config: &ClientConfig,
+    acceptor: Arc<ClientAcceptor>,
+) -> anyhow::Result<SessionHandle> {
+    let url = &config.server;
+    let mut backoff = Backoff::new();
+    loop {
+        tokio::time::sleep(backoff.next()).await;
+        match establish(config, acceptor.clone()).await {
+            Ok(s) => return Ok(s),
+            Err(e) if format!("{e:#}").contains("REFUSED") => return Err(e),
+            Err(e) => backoff.log(&format!("waiting for {url}: {e:#}")),
+        }
+    }
+}
+
 /// A first session that failed, in one line that says who refused what
 /// and what to do; the transport's own words only at `-v`.
 fn refused_at_start(config: &ClientConfig, e: SessionError) -> anyhow::Error {
