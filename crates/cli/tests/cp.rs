@@ -301,6 +301,44 @@ fn keys_get_only_the_access_they_are_given() {
         f.server_log().contains("read-only access"),
         "refusal logged"
     );
+    // The refusals name the fix.
+    let out = f.cp("ro", &[src.to_str().unwrap(), &f.at("/b.txt")]);
+    assert!(stderr(&out).contains("files=rw"), "{}", stderr(&out));
+}
+
+#[test]
+fn an_identical_file_is_verified_not_sent_again_and_a_missing_folder_is_named() {
+    let f = Fixture::start("cp-identical", None);
+    let src = f.dir.join("big.bin");
+    random_file(&src, 8 << 20, 7);
+    for round in 0..2 {
+        let out = f.cp("rw", &[src.to_str().unwrap(), &f.at("/")]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v = json(&out);
+        if round == 1 {
+            // Verified by hash where it is: nothing sent again.
+            assert_eq!(v["resumed"].as_u64(), Some(8 << 20), "{v}");
+        }
+    }
+    assert_eq!(hash_file(&src), hash_file(&f.files.join("big.bin")));
+    assert_eq!(names(&f.files), ["big.bin"], "no partial copy left");
+    // The same name, other bytes: sent in full, and replaced.
+    random_file(&src, 8 << 20, 8);
+    let out = f.cp("rw", &[src.to_str().unwrap(), &f.at("/")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(hash_file(&src), hash_file(&f.files.join("big.bin")));
+    // A folder that is not there is named as the server's, and the
+    // failure is said once.
+    let out_text = Command::new(BIN)
+        .args(["cp", "--key"])
+        .arg(f.dir.join("rw.key"))
+        .args(["--pin", &f.fp, src.to_str().unwrap(), &f.at("/nope/")])
+        .output()
+        .unwrap();
+    assert!(!out_text.status.success());
+    let err = stderr(&out_text);
+    assert!(err.contains("no folder /nope on the server"), "{err}");
+    assert_eq!(err.matches("failed").count(), 1, "{err}");
 }
 
 #[test]

@@ -120,9 +120,7 @@ impl Summary {
         if self.resumed > 0 {
             s += &format!(" ({} were already there, verified)", size(self.resumed));
         }
-        if !self.errors.is_empty() {
-            s += &format!("; {} failed", self.errors.len());
-        }
+        // How many failed is said once, by the command's last line.
         s
     }
 }

@@ -195,6 +195,18 @@ impl Root {
     pub fn open_dir(&self, rel: &RelPath, create: bool) -> Result<OwnedFd, Refusal> {
         match self.open_at(rel, OFlags::DIRECTORY | OFlags::RDONLY) {
             Err(Errno::NOENT) if create => {}
+            // Named as the client wrote it (the client shows it escaped).
+            Err(Errno::NOENT) => {
+                let shown: Vec<String> = rel
+                    .components()
+                    .iter()
+                    .map(|c| String::from_utf8_lossy(c).into_owned())
+                    .collect();
+                return Err(Refusal::Other(format!(
+                    "no folder /{} on the server (cp -r makes folders; or copy into one that exists)",
+                    shown.join("/")
+                )));
+            }
             r => return r.map_err(|e| Refusal::io("open folder", e)),
         }
         // Walk down, making what is missing, each step resolved beneath.

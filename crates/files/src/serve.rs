@@ -271,10 +271,30 @@ impl FileServer {
         peer: &str,
     ) -> Result<(), Failure> {
         let (dir, name) = self.root.parent_of(rel, false)?;
+        // A complete file of the same size already there: offered as the
+        // whole "partial" copy, so an identical one is verified by hash
+        // and not sent again.
+        let mut there = None;
         if let Ok(st) = rustix::fs::statat(&dir, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW)
         {
-            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
+            let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+            if kind == rustix::fs::FileType::Directory {
                 return Err(Refusal::Other("a folder of that name exists".into()).into());
+            }
+            if kind == rustix::fs::FileType::RegularFile && st.st_size as u64 == size && size > 0 {
+                there = rustix::fs::openat(
+                    &dir,
+                    OsStr::from_bytes(name),
+                    OFlags::RDONLY
+                        | OFlags::NOFOLLOW
+                        | OFlags::NONBLOCK
+                        | OFlags::NOCTTY
+                        | OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )
+                .ok()
+                .map(File::from)
+                .filter(|f| f.metadata().is_ok_and(|m| m.is_file() && m.len() == size));
             }
         }
         let part = Part::open(dir, name).map_err(|e| {
@@ -301,6 +321,12 @@ impl FileServer {
                 None => have = 0,
             }
         }
+        let mut whole = false;
+        if let (0, Some(f)) = (have, &there) {
+            if let Some(h) = transfer::hash_prefix(f, size, &none).map_err(other)? {
+                (hasher, have, whole) = (h, size, true);
+            }
+        }
         let mut b = vec![0];
         b.extend_from_slice(&have.to_be_bytes());
         b.extend_from_slice(&transfer::digest(&hasher));
@@ -311,9 +337,21 @@ impl FileServer {
         }
         if start == 0 {
             hasher = Hasher::new();
+            whole = false;
         }
-        file.set_len(start).map_err(other)?;
+        if !whole {
+            file.set_len(start).map_err(other)?;
+        }
         match receive_file(&mut c.input, file, start, size, hasher, &none) {
+            // The file there is the one sent (the hashes matched): kept
+            // as it is, the empty partial copy goes.
+            Ok(_) if whole => {
+                part.remove();
+                if TRANSFERS.pass("completed transfers") {
+                    tracing::info!(%peer, path = %shown(&show(rel)), bytes = 0, "file already there, verified");
+                }
+                c.send(&[0])
+            }
             Ok(_) => {
                 part.finish(mode).map_err(other)?;
                 if TRANSFERS.pass("completed transfers") {
