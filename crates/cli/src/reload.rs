@@ -28,27 +28,65 @@ pub(crate) fn policy(a: &ServerArgs) -> anyhow::Result<Policy> {
     })
 }
 
+/// The options a reload cannot apply, as they are now (name, value).
+pub(crate) fn fixed(a: &ServerArgs) -> Vec<(&'static str, String)> {
+    let d = |v: &dyn std::fmt::Debug| format!("{v:?}");
+    vec![
+        ("listen", d(&a.listen)),
+        ("stdio", d(&a.stdio)),
+        ("key", d(&a.key)),
+        ("insecure", d(&a.insecure)),
+        ("jmux", d(&a.jmux)),
+        ("max-sessions", d(&a.max_sessions)),
+        ("instance", d(&a.instance)),
+        ("drain-timeout", d(&a.drain_timeout)),
+        ("files", d(&a.files)),
+        ("files-keep-partial", d(&a.files_keep_partial)),
+        ("metrics", d(&a.metrics)),
+        ("control", d(&a.control)),
+        ("max-stripes", d(&a.max_stripes)),
+        ("max-flows", d(&a.max_flows)),
+        ("max-flows-per-client", d(&a.max_flows_per_client)),
+        ("flow-idle", d(&a.flow_idle)),
+        ("session limits", d(&a.session)),
+    ]
+}
+
 /// On every SIGHUP: parse the command line and its `--config` file again
-/// and put the new policy in force; a bad file keeps the old one.
-pub(crate) async fn on_hangup(reloader: Reloader) {
+/// and put the new policy in force; a bad file keeps the old one. What
+/// changed that a reload cannot apply (`running`: as the server runs) is
+/// named in one line.
+pub(crate) async fn on_hangup(reloader: Reloader, running: Vec<(&'static str, String)>) {
     use tokio::signal::unix::{signal, SignalKind};
     let Ok(mut hup) = signal(SignalKind::hangup()) else {
         return tracing::warn!("cannot watch for SIGHUP: no reloads");
     };
     while hup.recv().await.is_some() {
         match reread() {
-            Ok(p) => {
+            Ok((p, a)) => {
                 let ended = reloader.reload(p);
                 tracing::info!(
-                    "reloaded rules, authorized keys and token ({ended} session(s) ended); other options need a restart"
+                    "reloaded rules, authorized keys and token ({ended} session(s) ended)"
                 );
+                let changed: Vec<&str> = fixed(&a)
+                    .iter()
+                    .zip(&running)
+                    .filter(|(new, old)| new.1 != old.1)
+                    .map(|(new, _)| new.0)
+                    .collect();
+                if !changed.is_empty() {
+                    tracing::warn!(
+                        "the reload does not apply {}: restart the server to change them",
+                        changed.join(", ")
+                    );
+                }
             }
             Err(e) => tracing::error!("reload failed, keeping the configuration in force: {e:#}"),
         }
     }
 }
 
-fn reread() -> anyhow::Result<Policy> {
+fn reread() -> anyhow::Result<(Policy, ServerArgs)> {
     use clap::Parser;
     let argv =
         crate::config::expand(std::env::args_os().collect()).map_err(|e| anyhow::anyhow!(e))?;
@@ -63,7 +101,7 @@ fn reread() -> anyhow::Result<Policy> {
         )
     })?;
     match cli.cmd {
-        Cmd::Server(a) => policy(&a),
+        Cmd::Server(a) => Ok((policy(&a)?, a)),
         _ => anyhow::bail!("not a server command line"),
     }
 }

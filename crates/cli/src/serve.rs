@@ -30,6 +30,7 @@ pub(crate) async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
         }
     }
     let policy = reload::policy(&a)?;
+    let running = reload::fixed(&a);
     cfg.rules = policy.rules.clone();
     cfg.bind_rules = policy.bind_rules.clone();
     cfg.auth = policy.auth.clone();
@@ -99,7 +100,7 @@ pub(crate) async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     let instance = cfg.session.instance.clone();
     let metrics = cfg.metrics.clone();
     let server = Server::bind(cfg).await.context("server not started")?;
-    tokio::spawn(reload::on_hangup(server.reloader()));
+    tokio::spawn(reload::on_hangup(server.reloader(), running));
     if let Some(addr) = a.metrics {
         serve_metrics(addr, metrics.clone(), "server").await?;
     }

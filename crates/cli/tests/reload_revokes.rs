@@ -103,22 +103,22 @@ fn a_reload_that_narrows_bind_rules_closes_a_reverse_listener() {
     let dir = tmpdir("reload-bind");
     let (sport, rport, other) = (free_port(), free_port(), free_port());
     let cfg = dir.join("server.toml");
-    let write_cfg = |bind: u16| {
+    let write_cfg = |bind: u16, more: &str| {
         std::fs::write(
             &cfg,
             format!(
-                "listen = [\"tcp://127.0.0.1:{sport}\"]\ninsecure = true\nallow-bind = [\"{bind}\"]\ncontrol = \"none\"\n"
+                "listen = [\"tcp://127.0.0.1:{sport}\"]\ninsecure = true\nallow-bind = [\"{bind}\"]\ncontrol = \"none\"\n{more}"
             ),
         )
         .unwrap()
     };
-    write_cfg(rport);
+    write_cfg(rport, "");
     let log = dir.join("server.log");
     let server = spawn_logged(&["server", "--config", cfg.to_str().unwrap()], &log);
     wait_port(sport);
     let target = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let tport = target.local_addr().unwrap().port();
-    let _client = spawn_logged(
+    let mut client = spawn_logged(
         &[
             "client",
             &format!("tcp://127.0.0.1:{sport}"),
@@ -132,8 +132,15 @@ fn a_reload_that_narrows_bind_rules_closes_a_reverse_listener() {
         &dir.join("client.log"),
     );
     wait_port(rport);
-    write_cfg(other);
+    // With a setting no reload can apply: named in one line.
+    write_cfg(other, "max-sessions = 7\n");
     hup(server.pid());
+    wait_until(10, "what the reload does not apply", || {
+        log_has(
+            &log,
+            "the reload does not apply max-sessions: restart the server",
+        )
+    });
     wait_until(10, "the reverse bind revoked", || {
         log_has(
             &log,
@@ -143,12 +150,16 @@ fn a_reload_that_narrows_bind_rules_closes_a_reverse_listener() {
     wait_until(10, "the reverse listener closed", || {
         std::net::TcpStream::connect(("127.0.0.1", rport)).is_err()
     });
+    // Surgical: the session itself goes on (the client, which does not
+    // reconnect, is still there).
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(client.0.try_wait().unwrap().is_none(), "the session ended");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
-fn a_reload_that_narrows_udp_rules_ends_a_session_holding_a_flow() {
+fn a_reload_that_narrows_udp_rules_resets_the_flow_and_keeps_the_session() {
     let dir = tmpdir("reload-udp");
     let sport = free_port();
     // A UDP target that answers every datagram.
@@ -208,16 +219,24 @@ fn a_reload_that_narrows_udp_rules_ends_a_session_holding_a_flow() {
     // TCP to the same port stays allowed: UDP is what is taken away.
     write_cfg(&format!("127.0.0.1:{tport}"));
     hup(server.pid());
-    wait_until(10, "the session ended by the reload", || {
+    wait_until(10, "the flow reset by the reload", || {
         log_has(
             &log,
             &format!("the rules no longer allow its stream to udp://127.0.0.1:{tport}"),
         )
     });
-    // The client's session is gone (it does not reconnect): it exits.
-    wait_until(10, "the client gone", || {
-        client.0.try_wait().is_ok_and(|s| s.is_some())
-    });
+    // The flow gets no answer any more (a new one is refused)…
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        app.send_to(b"ping", ("127.0.0.1", lport)).unwrap();
+        assert!(
+            app.recv_from(&mut buf).is_err(),
+            "answered after the reload"
+        );
+    }
+    // …and the session goes on: the client, which does not reconnect,
+    // is still there.
+    assert!(client.0.try_wait().unwrap().is_none(), "the session ended");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -106,7 +106,7 @@ struct Inner {
 pub struct Metrics {
     inner: Mutex<Inner>,
     started: AtomicU64,
-    refused: [AtomicU64; 6],
+    refused: [AtomicU64; Refusal::ALL.len()],
 }
 
 /// Keeps a session in the figures until dropped; then its counters move

@@ -80,9 +80,11 @@ impl Policy {
         }
     }
 
-    /// Why a running session of `who`, whose peer opened streams to
-    /// `dests`, must end after a change from `old` to this policy.
-    pub fn ends(&self, old: &Policy, who: &Who, dests: &[String]) -> Option<String> {
+    /// Why a running session of `who` must end after a change from `old`
+    /// to this policy: its identity no longer let in, or (holding a file
+    /// stream, `files`) its file access narrowed. Streams the rules no
+    /// longer allow are [`Policy::refuses`]'s, one by one.
+    pub fn ends(&self, old: &Policy, who: &Who, files: bool) -> Option<String> {
         let Some(g) = self.grants(who) else {
             return Some(match who {
                 Who::Key(fp) => format!("key {fp} is no longer authorized"),
@@ -95,7 +97,7 @@ impl Policy {
         }
         // A file stream keeps the access it was opened with: narrowed
         // access ends the session that holds one.
-        if dests.iter().any(|d| d == longhaul_files::SERVICE) {
+        if files {
             let before = old.grants(who).and_then(|g| g.files);
             let narrowed = matches!(
                 (before, g.files),
@@ -105,29 +107,29 @@ impl Policy {
                 return Some("its file access was narrowed or removed".into());
             }
         }
+        None
+    }
+
+    /// Whether this policy refuses a stream of `who` to `dest` that is
+    /// open now (a name allowed only through the addresses it resolves to
+    /// is checked again at its next connect, not here: no DNS on reload).
+    pub fn refuses(&self, who: &Who, dest: &str) -> bool {
+        let Some(g) = self.grants(who) else {
+            return true;
+        };
+        let Some((t, host, port)) = parse_target(dest) else {
+            return false;
+        };
         let sets: Vec<&Rules> = std::iter::once(&self.rules)
             .chain(g.allow.as_ref())
             .collect();
-        for d in dests {
-            let Some((t, host, port)) = parse_target(d) else {
-                continue;
-            };
-            // A name allowed only through the addresses it resolves to is
-            // checked again at its next connect, not here (no DNS on reload).
-            let allowed = match host.parse::<IpAddr>() {
-                Ok(ip) => sets.iter().all(|r| r.allows_ip(t, ip, port)),
-                Err(_) => sets
-                    .iter()
-                    .all(|r| r.allows_name(t, &host, port) || r.has_address_rules(t, port)),
-            };
-            if !allowed {
-                return Some(format!(
-                    "the rules no longer allow its stream to {}",
-                    longhaul_session::logs::shown(d)
-                ));
-            }
-        }
-        None
+        let allowed = match host.parse::<IpAddr>() {
+            Ok(ip) => sets.iter().all(|r| r.allows_ip(t, ip, port)),
+            Err(_) => sets
+                .iter()
+                .all(|r| r.allows_name(t, &host, port) || r.has_address_rules(t, port)),
+        };
+        !allowed
     }
 }
 

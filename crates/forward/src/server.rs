@@ -39,24 +39,30 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    /// Replaces the policy; ends, with a log line each, the sessions it no
-    /// longer admits or whose open streams it no longer allows. Returns
-    /// how many were ended.
+    /// Replaces the policy. Surgical: a session whose identity it no
+    /// longer admits (or whose file access it narrows, holding a file
+    /// stream) ends; otherwise only the streams it no longer allows are
+    /// reset, each with a log line, and the rest of the session goes on.
+    /// Returns how many sessions were ended.
     pub fn reload(&self, new: Policy) -> usize {
         let old = self.policy.replace(new);
         let now = self.policy.current();
         let mut ended = 0;
         for (h, who) in self.live.all() {
-            let dests: Vec<String> = h
-                .streams()
-                .into_iter()
-                .filter(|t| !t.opened_here)
-                .map(|t| t.dest)
-                .collect();
-            if let Some(why) = now.ends(&old, &who, &dests) {
+            let streams: Vec<_> = h.streams().into_iter().filter(|t| !t.opened_here).collect();
+            let files = streams.iter().any(|t| t.dest == longhaul_files::SERVICE);
+            if let Some(why) = now.ends(&old, &who, files) {
                 tracing::warn!(peer = %h.peer(), "closing the session after the reload: {why}");
                 h.close(&format!("closed by the server's reload: {why}"));
                 ended += 1;
+                continue;
+            }
+            for t in streams.iter().filter(|t| t.dest != longhaul_files::SERVICE) {
+                if now.refuses(&who, &t.dest) {
+                    let dest = longhaul_session::logs::shown(&t.dest);
+                    tracing::warn!(peer = %h.peer(), %dest, "resetting a stream after the reload: the rules no longer allow its stream to {dest}");
+                    h.reset_stream(t.id);
+                }
             }
         }
         ended

@@ -303,7 +303,7 @@ impl BindGrant {
 }
 
 /// Serves a `-R udp:` listener until the session ends, or until a reload
-/// no longer allows the bind (the session then ends, as for TCP).
+/// no longer allows the bind (then the listener alone closes, as for TCP).
 async fn reverse_udp(
     sock: tokio::net::UdpSocket,
     dest: String,
@@ -316,9 +316,9 @@ async fn reverse_udp(
             _ = session.closed() => {}
             // Draining: the client binds again on its next session.
             _ = session.drain_started() => {}
+            // Only this listener ends; the session goes on.
             why = grant.revoked() => {
-                tracing::warn!(peer = %grant.peer, "closing the session after the reload: {why}");
-                session.close(&format!("closed by the server's reload: {why}"));
+                tracing::warn!(peer = %grant.peer, "closing a reverse listener after the reload: {why}");
             }
         }
     };
@@ -327,8 +327,7 @@ async fn reverse_udp(
 }
 
 /// Accepts on a reverse-forward listener until the session ends, or until
-/// a reload no longer allows the bind: the session then ends (its client
-/// asks again on its next session, and is told why it is refused).
+/// a reload no longer allows the bind: then the listener alone closes.
 async fn reverse_accept_loop(
     listener: TcpListener,
     dest: String,
@@ -345,10 +344,10 @@ async fn reverse_accept_loop(
             // Draining: the client binds again on its next session (on
             // another server); connections accepted so far go on.
             _ = session.drain_started() => return,
+            // Only this listener ends (its port is free at once); the
+            // session and its other listeners go on.
             why = &mut revoked => {
-                tracing::warn!(peer = %grant.peer, "closing the session after the reload: {why}");
-                drop(listener);
-                session.close(&format!("closed by the server's reload: {why}"));
+                tracing::warn!(peer = %grant.peer, "closing a reverse listener after the reload: {why}");
                 return;
             }
         };

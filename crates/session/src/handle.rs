@@ -189,6 +189,12 @@ impl SessionHandle {
         self.close_reason().is_some()
     }
 
+    /// Ends stream `id` abruptly (its two ends see a reset); the session
+    /// goes on.
+    pub fn reset_stream(&self, id: u32) {
+        self.shared.with(|m, _| m.abort(id));
+    }
+
     /// Ends the session and every stream in it.
     pub fn close(&self, why: &str) {
         self.shared.close(why.to_owned());
