@@ -334,6 +334,9 @@ pub struct ClientArgs {
     /// Keep trying the first connection until a server answers (with the reconnect's backoff), instead of exiting: for a client started before its server, or at boot.
     #[arg(long, conflicts_with = "no_reconnect")]
     pub wait_for_server: bool,
+    /// Another server, tried when SERVER (and the --failover servers before it) does not start a session; repeatable, tried in order. A session resumes on the server it is on.
+    #[arg(long, value_name = "SERVER", value_parser = parse_server_url)]
+    pub failover: Vec<ServerUrl>,
     #[command(flatten)]
     pub session: SessionArgs,
 }

@@ -390,6 +390,7 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     cfg.http = a.http_proxy.clone();
     cfg.reconnect = !a.no_reconnect;
     cfg.wait_for_server = a.wait_for_server;
+    cfg.failover = a.failover.iter().map(|f| f.url.clone()).collect();
     if cfg.local.is_empty() && cfg.remote.is_empty() && cfg.socks.is_empty() && cfg.http.is_empty()
     {
         anyhow::bail!("nothing to forward: give at least one of -L, -R, -D or --http-proxy");

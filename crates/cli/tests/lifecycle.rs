@@ -504,3 +504,50 @@ fn a_client_started_before_its_server_waits_for_it_when_asked() {
     echo_once(lport).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_client_fails_over_to_the_next_server_when_the_first_does_not_answer() {
+    let dir = tmpdir("client-failover");
+    let tport = echo_target();
+    let (dead, live, lport) = (free_port(), free_port(), free_port());
+    let _server = spawn_logged(
+        &[
+            "server",
+            "--listen",
+            &format!("tcp://127.0.0.1:{live}"),
+            "--insecure",
+            "--allow",
+            &format!("127.0.0.1:{tport}"),
+            "--control",
+            "none",
+        ],
+        &dir.join("server.log"),
+    );
+    wait_port(live);
+    let _client = spawn_logged(
+        &[
+            "client",
+            &format!("tcp://127.0.0.1:{dead}"),
+            "--failover",
+            &format!("tcp://127.0.0.1:{live}"),
+            "--insecure",
+            "-L",
+            &format!("{lport}:127.0.0.1:{tport}"),
+            "--control",
+            "none",
+        ],
+        &dir.join("client.log"),
+    );
+    wait_port(lport);
+    echo_once(lport).unwrap();
+    let log = std::fs::read_to_string(dir.join("client.log")).unwrap();
+    assert!(
+        log.contains(&format!("trying tcp://127.0.0.1:{live}")),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("session with tcp://127.0.0.1:{live} up")),
+        "{log}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -164,10 +164,12 @@ impl Client {
         let acceptor = Arc::new(ClientAcceptor {
             targets: Mutex::new(targets),
         });
-        let session = match config.wait_for_server {
+        let (session, on) = match config.wait_for_server {
             true => crate::reconnect::establish_patiently(&config, acceptor.clone()).await?,
             false => crate::reconnect::establish(&config, acceptor.clone()).await?,
         };
+        // Its resumes and lanes go where it is.
+        config.server = on;
         match Client::serve(config, acceptor, session.clone()).await {
             Ok(c) => Ok(c),
             Err(e) => {

@@ -48,6 +48,9 @@ pub struct ClientConfig {
     /// Keep trying the first connection until a server answers, instead
     /// of failing at once (`--wait-for-server`).
     pub wait_for_server: bool,
+    /// Servers tried in turn, after `server`, when a new session cannot
+    /// start there (`--failover`); a session resumes where it is.
+    pub failover: Vec<CarrierUrl>,
     /// TLS sessions to resume: the lanes of a striped session and redials
     /// skip the full handshake.
     pub tls_sessions: longhaul_carrier::tls::SessionCache,
@@ -59,6 +62,13 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
+    /// The servers a new session is tried on, in order.
+    pub fn servers(&self) -> Vec<CarrierUrl> {
+        let mut v = vec![self.server.clone()];
+        v.extend(self.failover.iter().cloned());
+        v
+    }
+
     /// How this client shows who it is, for its log lines.
     pub fn credentials(&self) -> String {
         match (&self.identity, &self.token, &self.server) {
@@ -88,6 +98,7 @@ impl ClientConfig {
             congestion: None,
             reconnect: true,
             wait_for_server: false,
+            failover: Vec::new(),
             tls_sessions: Default::default(),
             via: Vec::new(),
             metrics: crate::metrics::Metrics::new(),

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::client_config::{ClientAcceptor, ClientConfig};
 use crate::dial::connect;
+use longhaul_carrier::CarrierUrl;
 
 /// Dials the server and authenticates: a carrier ready for the hello.
 /// `instance`: the server instance holding the session it resumes.
@@ -47,8 +48,36 @@ async fn dial_lane(
     Ok(carrier)
 }
 
-/// A new session with the server.
+/// A new session: with the server, or else with each `--failover` server
+/// in turn. Returns it and the server it is on (where its resumes and
+/// lanes go): the caller makes that its `config.server`.
 pub(crate) async fn establish(
+    config: &ClientConfig,
+    acceptor: Arc<ClientAcceptor>,
+) -> anyhow::Result<(SessionHandle, CarrierUrl)> {
+    let servers = config.servers();
+    let mut failed = None;
+    for (i, url) in servers.iter().enumerate() {
+        let mut one = config.clone();
+        one.server = url.clone();
+        match establish_on(&one, acceptor.clone()).await {
+            Ok(s) => return Ok((s, url.clone())),
+            // A server whose key is not the pinned one is never passed
+            // over for another.
+            Err(e) if format!("{e:#}").contains("REFUSED") => return Err(e),
+            Err(e) => {
+                if let Some(next) = servers.get(i + 1) {
+                    tracing::warn!("{e:#}; trying {next}");
+                }
+                failed = Some(e);
+            }
+        }
+    }
+    Err(failed.unwrap_or_else(|| anyhow!("no server to connect to")))
+}
+
+/// A new session with `config.server`.
+async fn establish_on(
     config: &ClientConfig,
     acceptor: Arc<ClientAcceptor>,
 ) -> anyhow::Result<SessionHandle> {
@@ -101,7 +130,7 @@ pub(crate) async fn establish(
 pub(crate) async fn establish_patiently(
     config: &ClientConfig,
     acceptor: Arc<ClientAcceptor>,
-) -> anyhow::Result<SessionHandle> {
+) -> anyhow::Result<(SessionHandle, CarrierUrl)> {
     let url = &config.server;
     let mut backoff = Backoff::new();
     loop {
@@ -136,16 +165,19 @@ fn refused_at_start(config: &ClientConfig, e: SessionError) -> anyhow::Error {
             "the command's server ended; run the command by hand to see why".to_string()
         }
         (Some(id), _, _) => format!(
-            "add our key {} (the line in {}.pub, or `longhaul fingerprint` of our key) to the server's --authorized-keys file",
+            "add our key {} ({}) to the server's --authorized-keys file",
             id.fingerprint,
-            config
-                .identity_file
-                .as_ref()
-                .map_or("our key file".into(), |p| p.display().to_string())
+            match &config.identity_file {
+                Some(p) => format!("the line in {}.pub", p.display()),
+                None => "`longhaul fingerprint` of our key file".into(),
+            }
         ),
-        (None, Some(_), _) => "check that our token (LONGHAUL_TOKEN or --token) is the server's".into(),
+        (None, Some(_), _) => {
+            "check that our token (LONGHAUL_TOKEN or --token) is the server's".into()
+        }
         (None, None, _) => {
-            "give --key FILE (its fingerprint listed in the server's --authorized-keys) or --token".into()
+            "give --key FILE (its fingerprint listed in the server's --authorized-keys) or --token"
+                .into()
         }
     };
     anyhow!(
@@ -269,8 +301,10 @@ pub(crate) async fn supervise(
     remote_ports: Vec<u16>,
     demand: Arc<tokio::sync::Notify>,
 ) {
-    let url = &config.server;
+    let mut config = config;
     loop {
+        // The server the session is on (a --failover one, maybe).
+        let url = &config.server.clone();
         let session = current.borrow().clone();
         if !config.reconnects() {
             let why = tokio::select! {
@@ -431,7 +465,7 @@ pub(crate) async fn supervise(
                 }
             }
             match establish(&config, acceptor.clone()).await {
-                Ok(s) if *stop.borrow() => {
+                Ok((s, _)) if *stop.borrow() => {
                     // Stopped while it was being made: it ends at once,
                     // and the server knows.
                     s.shutdown("client stopped", crate::client::GOODBYE_GRACE)
@@ -439,8 +473,13 @@ pub(crate) async fn supervise(
                     ended.send_replace(Some("client stopped".into()));
                     return;
                 }
-                Ok(s) => {
-                    tracing::info!("new session with {url}");
+                Ok((s, on)) => {
+                    tracing::info!("new session with {on}");
+                    if on != config.server {
+                        let mut c = (*config).clone();
+                        c.server = on;
+                        config = Arc::new(c);
+                    }
                     rebind(&config, &s, &remote_ports).await;
                     current.send_replace(s);
                     break;

@@ -242,14 +242,15 @@ async fn forged_and_surplus_lanes_are_refused() {
         within(10, raw_attach(&mut c, lane(id, attempt + 11, p))).await,
         Attached::Refused(Refusal::Denied)
     );
-    // The right proof, but the session has all its lanes.
+    // The right proof, but the session has all its lanes: the client is
+    // told so, not that its proof was refused.
     let a = attempt + 1_000_000;
     // Plain tcp:// carriers: their binding is zeros.
     let p = longhaul_proto::resume::lane_proof(&secret, &id, a, 9, &[0; 32]);
     let mut c = dial_raw(&server, None).await;
     assert_eq!(
         within(10, raw_attach(&mut c, lane(id, a, p))).await,
-        Attached::Refused(Refusal::Denied)
+        Attached::Refused(Refusal::LanesFull)
     );
     wait_log("a lane more is refused").await;
     // The real session never noticed.

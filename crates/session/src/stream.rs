@@ -55,43 +55,47 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
         LocalStream::Tcp(sock) => {
             let _ = longhaul_carrier::tune_socket(&sock);
             let (r, w) = sock.into_split();
-            shared.spawn(holding(
-                lease.clone(),
-                downlink(shared.clone(), id, io.clone(), w),
-            ));
-            shared.spawn(holding(lease.clone(), uplink(shared.clone(), id, io, r)))
+            spawn_holding(shared, &lease, downlink(shared.clone(), id, io.clone(), w));
+            spawn_holding(shared, &lease, uplink(shared.clone(), id, io, r))
         }
         LocalStream::Unix(sock) => {
             let (r, w) = sock.into_split();
-            shared.spawn(holding(
-                lease.clone(),
-                downlink(shared.clone(), id, io.clone(), w),
-            ));
-            shared.spawn(holding(lease.clone(), uplink(shared.clone(), id, io, r)))
+            spawn_holding(shared, &lease, downlink(shared.clone(), id, io.clone(), w));
+            spawn_holding(shared, &lease, uplink(shared.clone(), id, io, r))
         }
         LocalStream::Service(pipe) => {
             let (r, w) = pipe.split();
-            shared.spawn(holding(
-                lease.clone(),
+            spawn_holding(
+                shared,
+                &lease,
                 crate::pipe_pumps::downlink(shared.clone(), id, io.clone(), w),
-            ));
-            shared.spawn(holding(
-                lease.clone(),
+            );
+            spawn_holding(
+                shared,
+                &lease,
                 crate::pipe_pumps::uplink(shared.clone(), id, io, r),
-            ))
+            )
         }
         LocalStream::Udp(_) | LocalStream::Leased(..) => return,
     };
     shared.set_uplink(id, up.abort_handle(), local);
 }
 
-/// `f`, holding `lease` until it ends (or is dropped).
-async fn holding<F: std::future::Future<Output = ()>>(
-    lease: Option<Arc<Vec<crate::local::Lease>>>,
+/// Spawns `f` as one of the session's tasks, holding `lease` (if any)
+/// until it ends. Without a lease `f` is spawned as it is: a wrapper would
+/// store the future twice over (an idle stream's memory counts).
+fn spawn_holding<F: std::future::Future<Output = ()> + Send + 'static>(
+    shared: &Arc<Shared>,
+    lease: &Option<Arc<Vec<crate::local::Lease>>>,
     f: F,
-) {
-    let _lease = lease;
-    f.await
+) -> crate::driver::Task {
+    match lease.clone() {
+        None => shared.spawn(f),
+        Some(held) => shared.spawn(async move {
+            let _held = held;
+            f.await
+        }),
+    }
 }
 
 /// Local socket → DATA frames, as fast as the peer's credit and the

@@ -115,21 +115,22 @@ impl Mux {
                 dest,
             } => {
                 check_packet(max_packet)?;
+                // What the peer is told, and what the log says.
                 let refuse = if self.goodbye.is_some() {
-                    Some("shutting down")
+                    Some(("shutting down", "the session is shutting down"))
                 } else if self.slots_used() >= self.cfg.max_streams {
-                    Some("too many streams")
+                    Some(("too many streams", "stream limit reached (--max-streams)"))
                 } else {
                     None
                 };
                 match refuse {
-                    Some(why) => {
+                    Some((told, why)) => {
                         // Logged by the runtime, escaped and throttled.
                         self.events.push_back(Event::RefusedOpen { dest, why });
                         self.send_control(Frame::OpenFailure {
                             recipient: sender,
                             reason: Reason::GENERAL_FAILURE,
-                            description: why.into(),
+                            description: told.into(),
                         })
                     }
                     None => {
