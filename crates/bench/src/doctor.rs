@@ -198,7 +198,8 @@ pub async fn run(session: &SessionHandle, o: &DoctorOptions) -> anyhow::Result<D
     }
     // The tunnel well behind one plain connection: here the tunnel (a
     // relay's copies and CPU on a fast path), not the path, is the limit.
-    let tunnel_limits = direct_bps.is_some_and(|d| tunnel_bps < TUNNEL_BEHIND * d);
+    // (On a short path only: on a long one the advice below applies.)
+    let tunnel_limits = rtt_s < 0.002 && direct_bps.is_some_and(|d| tunnel_bps < TUNNEL_BEHIND * d);
     let mut advice = vec![];
     // Buffers that allow barely more than the best measured (or less) are
     // what holds one connection; well above it, the path is the limit.

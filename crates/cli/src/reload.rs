@@ -35,7 +35,6 @@ pub(crate) fn fixed(a: &ServerArgs) -> Vec<(&'static str, String)> {
         ("listen", d(&a.listen)),
         ("stdio", d(&a.stdio)),
         ("key", d(&a.key)),
-        ("insecure", d(&a.insecure)),
         ("jmux", d(&a.jmux)),
         ("max-sessions", d(&a.max_sessions)),
         ("instance", d(&a.instance)),

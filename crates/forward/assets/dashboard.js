@@ -83,7 +83,9 @@ function render(snap, now) {
       ]));
     }
   }
-  document.getElementById("session-count").textContent = snap.sessions.length;
+  const total = snap.sessions_total !== undefined ? snap.sessions_total : snap.sessions.length;
+  document.getElementById("session-count").textContent =
+    total > snap.sessions.length ? snap.sessions.length + " of " + total : String(total);
   document.getElementById("stream-count").textContent = streamCount;
   const ts = document.getElementById("total-sent");
   const tr = document.getElementById("total-received");

@@ -168,7 +168,9 @@ impl Client {
             true => crate::reconnect::establish_patiently(&config, acceptor.clone()).await?,
             false => crate::reconnect::establish(&config, acceptor.clone()).await?,
         };
-        // Its resumes and lanes go where it is.
+        // Its resumes and lanes go where it is; new sessions try the
+        // configured server first again.
+        config.home.get_or_insert_with(|| config.server.clone());
         config.server = on;
         match Client::serve(config, acceptor, session.clone()).await {
             Ok(c) => Ok(c),

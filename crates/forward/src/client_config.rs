@@ -51,6 +51,12 @@ pub struct ClientConfig {
     /// Servers tried in turn, after `server`, when a new session cannot
     /// start there (`--failover`); a session resumes where it is.
     pub failover: Vec<CarrierUrl>,
+    /// The server as configured (`server` becomes the one a session is
+    /// on): new sessions try it first again.
+    pub home: Option<CarrierUrl>,
+    /// Refuse a server whose key is not known yet (set for failover
+    /// servers, see `reconnect::establish`).
+    pub no_first_use: bool,
     /// TLS sessions to resume: the lanes of a striped session and redials
     /// skip the full handshake.
     pub tls_sessions: longhaul_carrier::tls::SessionCache,
@@ -64,8 +70,12 @@ pub struct ClientConfig {
 impl ClientConfig {
     /// The servers a new session is tried on, in order.
     pub fn servers(&self) -> Vec<CarrierUrl> {
-        let mut v = vec![self.server.clone()];
-        v.extend(self.failover.iter().cloned());
+        let mut v = vec![self.home.clone().unwrap_or_else(|| self.server.clone())];
+        for u in &self.failover {
+            if !v.contains(u) {
+                v.push(u.clone());
+            }
+        }
         v
     }
 
@@ -99,6 +109,8 @@ impl ClientConfig {
             reconnect: true,
             wait_for_server: false,
             failover: Vec::new(),
+            home: None,
+            no_first_use: false,
             tls_sessions: Default::default(),
             via: Vec::new(),
             metrics: crate::metrics::Metrics::new(),

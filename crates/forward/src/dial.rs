@@ -8,6 +8,24 @@ use crate::known_hosts::Known;
 
 use crate::client_config::ClientConfig;
 
+/// A server that shows another key than the one expected: never waited
+/// for, never passed over for another server.
+#[derive(Debug)]
+pub(crate) struct KeyMismatch(String);
+
+impl std::fmt::Display for KeyMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for KeyMismatch {}
+
+/// Whether `e` is (or wraps) a [`KeyMismatch`].
+pub(crate) fn is_key_mismatch(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.is::<KeyMismatch>())
+}
+
 /// Dials the carrier and checks the server's key (pin or known-hosts)
 /// before anything else is sent. `instance`: the server instance holding
 /// the session this carrier joins (see `DialOptions::instance`).
@@ -56,6 +74,11 @@ pub(crate) async fn connect(
                 tracing::warn!("no --pin and no known-hosts file: the server's key is not checked");
             }
         }
+        if config.no_first_use && config.pin.is_none() && known == Known::Unknown {
+            bail!(
+                "no key known for the failover server {host}: connect to it once by hand (trusting its key then), or give --pin"
+            );
+        }
         if matches!(url, CarrierUrl::Dir(_))
             && config.pin.is_none()
             && known == Known::Unknown
@@ -85,14 +108,15 @@ pub(crate) async fn connect(
         Err(e) => {
             if let Some((v, Some(want))) = &verifier {
                 if let Some(seen) = v.seen().filter(|s| s != want) {
-                    match (&known, &config.known_hosts) {
-                        (Known::Key(_, line), Some(kh)) => bail!(
+                    let why = match (&known, &config.known_hosts) {
+                        (Known::Key(_, line), Some(kh)) => format!(
                             "REFUSED: the key of server {host} has CHANGED: it shows {seen}, but {} line {line} says {want}. \
                              Someone may be intercepting the connection. If the server's key was changed on purpose, delete that line.",
                             kh.path().display()
                         ),
-                        _ => bail!("REFUSED: server {host} shows key {seen}, not the pinned {want}"),
-                    }
+                        _ => format!("REFUSED: server {host} shows key {seen}, not the pinned {want}"),
+                    };
+                    return Err(KeyMismatch(why).into());
                 }
             }
             return Err(anyhow!(e)).with_context(|| format!("cannot connect to server {url}"));

@@ -419,8 +419,12 @@ pub async fn serve(
                     body.len(),
                     crate::dashboard::HEADERS
                 );
-                let _ = sock.write_all(reply.as_bytes()).await;
-                let _ = sock.shutdown().await;
+                // A reader that never reads does not keep its slot.
+                let _ = tokio::time::timeout(REQUEST_TIMEOUT * 2, async {
+                    sock.write_all(reply.as_bytes()).await?;
+                    sock.shutdown().await
+                })
+                .await;
             });
         }
     });

@@ -111,9 +111,10 @@ impl Policy {
     }
 
     /// Whether this policy refuses a stream of `who` to `dest` that is
-    /// open now (a name allowed only through the addresses it resolves to
-    /// is checked again at its next connect, not here: no DNS on reload).
-    pub fn refuses(&self, who: &Who, dest: &str) -> bool {
+    /// open now, connected to `connected` (a name allowed only through an
+    /// address rule is judged by the address it is connected to; no DNS
+    /// on reload).
+    pub fn refuses(&self, who: &Who, dest: &str, connected: Option<IpAddr>) -> bool {
         let Some(g) = self.grants(who) else {
             return true;
         };
@@ -125,9 +126,13 @@ impl Policy {
             .collect();
         let allowed = match host.parse::<IpAddr>() {
             Ok(ip) => sets.iter().all(|r| r.allows_ip(t, ip, port)),
-            Err(_) => sets
-                .iter()
-                .all(|r| r.allows_name(t, &host, port) || r.has_address_rules(t, port)),
+            Err(_) => sets.iter().all(|r| {
+                r.allows_name(t, &host, port)
+                    || match connected {
+                        Some(ip) => r.allows_ip(t, ip, port),
+                        None => r.has_address_rules(t, port),
+                    }
+            }),
         };
         !allowed
     }

@@ -60,11 +60,15 @@ pub(crate) async fn establish(
     for (i, url) in servers.iter().enumerate() {
         let mut one = config.clone();
         one.server = url.clone();
+        // A failover server's key is never trusted on first use: it is
+        // dialled when the first one is out of reach, which someone on
+        // the path can choose.
+        one.no_first_use = i > 0;
         match establish_on(&one, acceptor.clone()).await {
             Ok(s) => return Ok((s, url.clone())),
             // A server whose key is not the pinned one is never passed
             // over for another.
-            Err(e) if format!("{e:#}").contains("REFUSED") => return Err(e),
+            Err(e) if crate::dial::is_key_mismatch(&e) => return Err(e),
             Err(e) => {
                 if let Some(next) = servers.get(i + 1) {
                     tracing::warn!("{e:#}; trying {next}");
@@ -137,7 +141,7 @@ pub(crate) async fn establish_patiently(
         tokio::time::sleep(backoff.next()).await;
         match establish(config, acceptor.clone()).await {
             Ok(s) => return Ok(s),
-            Err(e) if format!("{e:#}").contains("REFUSED") => return Err(e),
+            Err(e) if crate::dial::is_key_mismatch(&e) => return Err(e),
             Err(e) => backoff.log(&format!("waiting for {url}: {e:#}")),
         }
     }

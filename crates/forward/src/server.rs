@@ -16,7 +16,7 @@ use crate::pending::Pending;
 use crate::policy::{Policy, PolicyCell};
 use crate::server_config::Ends;
 pub use crate::server_config::{host_instance, ServerConfig};
-use crate::server_session::{admit, authenticate, run_admitted, serve_carrier, Admitted};
+use crate::server_session::{admit, authenticate, run_admitted, serve_carrier, Admitted, Listed};
 use crate::sessions::{Live, Slots};
 
 pub struct Server {
@@ -58,7 +58,12 @@ impl Reloader {
                 continue;
             }
             for t in streams.iter().filter(|t| t.dest != longhaul_files::SERVICE) {
-                if now.refuses(&who, &t.dest) {
+                let connected = t
+                    .local
+                    .as_deref()
+                    .and_then(|a| a.parse::<SocketAddr>().ok())
+                    .map(|a| a.ip());
+                if now.refuses(&who, &t.dest, connected) {
                     let dest = longhaul_session::logs::shown(&t.dest);
                     tracing::warn!(peer = %h.peer(), %dest, "resetting a stream after the reload: the rules no longer allow its stream to {dest}");
                     h.reset_stream(t.id);
@@ -294,7 +299,8 @@ impl Serving {
                     ));
                 }
             };
-            let who = authenticate(&mut carrier, key, &config, &policy, true, deadline).await?;
+            let (who, under) =
+                authenticate(&mut carrier, key, &config, &policy, true, deadline).await?;
             let named = (from.clone(), ends);
             let asked = admit(
                 carrier,
@@ -308,7 +314,7 @@ impl Serving {
                 slots,
             );
             match tokio::time::timeout_at(deadline, asked).await {
-                Ok(r) => r,
+                Ok(r) => r.map(|a| (a, under)),
                 Err(_) => {
                     config.metrics.refused(Refusal::Handshake);
                     Err(format!(
@@ -328,12 +334,17 @@ impl Serving {
             }
         };
         match admitted {
-            Ok(Admitted::New { handle, slot, who }) => {
+            Ok((Admitted::New { handle, slot, who }, under)) => {
                 let _slot = slot;
-                let line = run_admitted(handle, &who, &from, &self.config, Some(&self.live));
+                let listed = Listed {
+                    live: Some(&self.live),
+                    policy: &self.policy,
+                    under,
+                };
+                let line = run_admitted(handle, &who, &from, &self.config, listed);
                 tracing::info!(%from, "{}", line.await);
             }
-            Ok(Admitted::Attached(what)) => tracing::info!(%from, "{what}"),
+            Ok((Admitted::Attached(what), _)) => tracing::info!(%from, "{what}"),
             Err(e) if e == UNHEARD => tracing::debug!(%from, "{e} (a check?)"),
             Err(e) => {
                 // Failed authentications apart: a flood of cheap failures

@@ -337,6 +337,8 @@ async fn reverse_accept_loop(
     let what = format!("reverse forward to {}", shown(&dest));
     let revoked = grant.revoked();
     tokio::pin!(revoked);
+    // The streams this listener opened: a revocation resets them too.
+    let opened_here = Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));
     loop {
         let (sock, from) = tokio::select! {
             a = accept_with_backoff(&listener, &what) => a,
@@ -347,15 +349,32 @@ async fn reverse_accept_loop(
             // Only this listener ends (its port is free at once); the
             // session and its other listeners go on.
             why = &mut revoked => {
-                tracing::warn!(peer = %grant.peer, "closing a reverse listener after the reload: {why}");
+                tracing::warn!(peer = %grant.peer, "closing a reverse listener and its connections after the reload: {why}");
+                let ids = std::mem::take(&mut *opened_here.lock().unwrap_or_else(|p| p.into_inner()));
+                for id in ids {
+                    session.reset_stream(id);
+                }
                 return;
             }
         };
         let session = session.clone();
         let dest = dest.clone();
+        let ids = opened_here.clone();
         tokio::spawn(async move {
             match session.open(&dest).await {
-                Ok(opened) => opened.attach(sock),
+                Ok(opened) => {
+                    {
+                        let mut ids = ids.lock().unwrap_or_else(|p| p.into_inner());
+                        // Bounded: ended streams are forgotten now and then.
+                        if ids.len() >= 1024 {
+                            let live: std::collections::HashSet<u32> =
+                                session.streams().iter().map(|t| t.id).collect();
+                            ids.retain(|id| live.contains(id));
+                        }
+                        ids.push(opened.id());
+                    }
+                    opened.attach(sock)
+                }
                 Err(e) => {
                     // The client answers each connection: a line each, throttled.
                     static FAILED: longhaul_session::logs::Throttle =

@@ -10,7 +10,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::auth::{read_preamble, Authenticated};
 use crate::metrics::Refusal;
-use crate::policy::{PolicyCell, Who};
+use crate::policy::{Policy, PolicyCell, Who};
 use crate::server_acceptor::ServerAcceptor;
 use crate::server_config::{Ends, ServerConfig};
 use crate::sessions::{Live, Slots};
@@ -28,7 +28,8 @@ pub(crate) async fn serve_carrier(
     resumables: &Arc<Resumables>,
 ) -> Result<String, String> {
     let deadline = tokio::time::Instant::now() + config.session.handshake_timeout;
-    let who = authenticate(&mut carrier, key, &config, policy, live.is_some(), deadline).await?;
+    let (who, under) =
+        authenticate(&mut carrier, key, &config, policy, live.is_some(), deadline).await?;
     let named = (from.clone(), None);
     let pipe = live.is_none();
     match admit(
@@ -37,7 +38,12 @@ pub(crate) async fn serve_carrier(
     .await?
     {
         Admitted::New { handle, who, .. } => {
-            Ok(run_admitted(handle, &who, &from, &config, live).await)
+            let listed = Listed {
+                live,
+                policy,
+                under,
+            };
+            Ok(run_admitted(handle, &who, &from, &config, listed).await)
         }
         Admitted::Attached(what) => Ok(what.into()),
     }
@@ -53,7 +59,7 @@ pub(crate) async fn authenticate(
     checked: bool,
     // Shared with the carrier's own handshake: one limit for both.
     deadline: tokio::time::Instant,
-) -> Result<Authenticated, String> {
+) -> Result<(Authenticated, Arc<Policy>), String> {
     // Native clients send the preamble (even over a trusted pipe); JMUX
     // peers have none and can only authenticate by key.
     let token = if config.session.mode == longhaul_session::Mode::Native {
@@ -74,17 +80,17 @@ pub(crate) async fn authenticate(
     } else {
         None
     };
+    // The policy it is decided under: a reload that comes before the
+    // session is listed is checked against it (see `run_admitted`).
+    let under = policy.current();
     if !checked {
-        return Ok(Authenticated::Anonymous);
+        return Ok((Authenticated::Anonymous, under));
     }
-    policy
-        .current()
-        .auth
-        .decide(key, token.as_deref())
-        .map_err(|e| {
-            config.metrics.refused(Refusal::NotAuthenticated);
-            format!("refused carrier: not authenticated: {e}")
-        })
+    let who = under.auth.decide(key, token.as_deref()).map_err(|e| {
+        config.metrics.refused(Refusal::NotAuthenticated);
+        format!("refused carrier: not authenticated: {e}")
+    })?;
+    Ok((who, under))
 }
 
 /// What an authenticated carrier became.
@@ -168,6 +174,13 @@ pub(crate) async fn admit(
     }
 }
 
+/// Where a new session is listed, and the policy it was let in under.
+pub(crate) struct Listed<'a> {
+    pub live: Option<&'a Live>,
+    pub policy: &'a PolicyCell,
+    pub under: Arc<Policy>,
+}
+
 /// Runs an admitted new session to its end (its slot held by the
 /// caller); returns the line to log.
 pub(crate) async fn run_admitted(
@@ -175,10 +188,20 @@ pub(crate) async fn run_admitted(
     who: &Authenticated,
     from: &str,
     config: &ServerConfig,
-    live: Option<&Live>,
+    listed: Listed<'_>,
 ) -> String {
     tracing::info!(%from, who = %who.who(), resumable = h.is_resumable(), "session started");
+    let live = listed.live;
     let id = live.map(|l| l.add(h.clone(), Who::from(who)));
+    // A reload after its authentication and before it was listed did not
+    // see it: it is held to that reload now (a reload after this sees it).
+    let now = listed.policy.current();
+    if live.is_some() && !Arc::ptr_eq(&now, &listed.under) {
+        if let Some(why) = now.ends(&listed.under, &Who::from(who), false) {
+            tracing::warn!(%from, "closing the session after the reload: {why}");
+            h.close(&format!("closed by the server's reload: {why}"));
+        }
+    }
     let _tracked = config.metrics.track(from, &h);
     // A detached session keeps this task, and so its slot under
     // --max-sessions, until it ends.

@@ -144,7 +144,7 @@ pub fn serve(path: &Path, role: &'static str, metrics: Arc<Metrics>) -> std::io:
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
-            let body = snapshot(role, started, &metrics).to_string();
+            let body = snapshot(role, started, &metrics, usize::MAX).to_string();
             tokio::spawn(async move {
                 let _ = tokio::time::timeout(ANSWER_TIMEOUT, sock.write_all(body.as_bytes())).await;
                 let _ = sock.shutdown().await;
@@ -176,10 +176,14 @@ fn only_ours(path: &Path) -> std::io::Result<()> {
     std::fs::set_permissions(by_fd, std::fs::Permissions::from_mode(0o600))
 }
 
-pub(crate) fn snapshot(role: &str, started: Instant, metrics: &Metrics) -> Value {
-    let sessions: Vec<Value> = metrics
-        .sessions()
+/// What `status` shows: the process and (at most `most` of) its sessions
+/// with their streams.
+pub(crate) fn snapshot(role: &str, started: Instant, metrics: &Metrics, most: usize) -> Value {
+    let all = metrics.sessions();
+    let total = all.len();
+    let sessions: Vec<Value> = all
         .iter()
+        .take(most)
         .map(|(peer, h)| {
             let s = h.stats();
             let streams: Vec<Value> = h
@@ -223,6 +227,7 @@ pub(crate) fn snapshot(role: &str, started: Instant, metrics: &Metrics) -> Value
         "role": role,
         "pid": std::process::id(),
         "uptime_s": started.elapsed().as_secs_f64(),
+        "sessions_total": total,
         "sessions": sessions,
     })
 }
