@@ -522,5 +522,12 @@ fn the_dashboard_shows_a_live_transfer_in_a_real_browser() {
         head.contains("Content-Security-Policy: default-src 'none'; script-src 'self'"),
         "{head}"
     );
+    // A page elsewhere whose name was pointed here (DNS rebinding) is refused.
+    let mut s = TcpStream::connect(("127.0.0.1", mport)).unwrap();
+    s.write_all(b"GET /status.json HTTP/1.1\r\nHost: evil.example:80\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 421"), "{answer}");
     let _ = std::fs::remove_dir_all(&dir);
 }
