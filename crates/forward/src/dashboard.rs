@@ -52,17 +52,19 @@ pub(crate) fn answer(
     role: &str,
     started: Instant,
 ) -> (&'static str, &'static str, String) {
-    if !host_ok(head) {
-        return (
-            "421 Misdirected Request",
-            "text/plain; charset=utf-8",
-            "use the address of this listener (an IP address or localhost) as the host\n".into(),
-        );
-    }
     let path = head
         .strip_prefix(b"GET ")
         .and_then(|r| r.split(|&b| b == b' ').next())
         .unwrap_or_default();
+    // The page and its data only by address (scrapers of /metrics may
+    // use a name, as they always could).
+    if path != b"/metrics" && !host_ok(head) {
+        return (
+            "421 Misdirected Request",
+            "text/plain; charset=utf-8",
+            "open the dashboard by this listener's address (an IP address or localhost)\n".into(),
+        );
+    }
     match path {
         b"/metrics" => (
             "200 OK",
