@@ -150,7 +150,7 @@ pub(crate) async fn serve_metrics(
     metrics: std::sync::Arc<longhaul_forward::metrics::Metrics>,
     role: &'static str,
 ) -> anyhow::Result<()> {
-    let bound = longhaul_forward::metrics::serve(addr, metrics, role)
+    let bound = longhaul_forward::dashboard::serve(addr, metrics, role)
         .await
         .map_err(|e| anyhow::anyhow!("--metrics {addr}: {e}"))?;
     tracing::info!("metrics on http://{bound}/metrics, a dashboard on http://{bound}/");

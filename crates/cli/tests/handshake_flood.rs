@@ -27,12 +27,6 @@ fn idle_connection(from: &str, to: u16, half_hello: bool) -> Option<TcpStream> {
     Some(s)
 }
 
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_flood_of_unfinished_handshakes_does_not_keep_a_real_client_out() {
     let dir = tmpdir("flood");

@@ -246,12 +246,6 @@ fn echoed(socks: &[std::net::UdpSocket], to: u16, wait: std::time::Duration) -> 
     answered
 }
 
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_client_gets_its_share_of_udp_flows_and_the_far_side_ends_idle_ones() {
     let dir = tmpdir("udp-flow-bounds");

@@ -138,8 +138,7 @@ async fn track_sessions(
     }
 }
 
-/// How long a client that stops waits for its GOODBYE to be written.
-pub const GOODBYE_GRACE: Duration = Duration::from_secs(2);
+pub use crate::reconnect::GOODBYE_GRACE;
 
 /// How long a new local connection waits for a session to exist.
 const OPEN_WAIT: Duration = Duration::from_secs(30);

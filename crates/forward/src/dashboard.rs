@@ -1,11 +1,15 @@
-//! The read-only page on the `--metrics` listener: sessions, their
+//! The `--metrics` listener: Prometheus' `/metrics`, and the read-only page: sessions, their
 //! streams and flows, and live rates, drawn in the browser from
 //! `status.json`. No outside assets (it works offline), nothing it can
 //! change; peer-chosen strings travel as JSON and are put on the page as
 //! text only, and the headers forbid anything but this page's own script.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
 
 use crate::metrics::Metrics;
 
@@ -109,4 +113,68 @@ fn bounded(mut v: serde_json::Value) -> serde_json::Value {
         }
     }
     v
+}
+
+/// Scrapes answered at once.
+const MAX_SCRAPES: usize = 16;
+/// Longest request head the endpoint reads.
+const MAX_REQUEST: usize = 8 * 1024;
+/// Time a scraper has to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Serves `GET /metrics` on `addr`, and the read-only dashboard: `GET /`
+/// (a page with no outside assets), `/dashboard.js` and `/status.json`
+/// (what `longhaul status` shows, bounded: see [`WEB_SESSIONS`]);
+/// anything else: 404. `role`: "server" or "client". Returns the bound
+/// address; the endpoint runs until the runtime ends.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    role: &'static str,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
+    let started = std::time::Instant::now();
+    tokio::spawn(async move {
+        loop {
+            let (mut sock, _) = longhaul_carrier::accept_with_backoff(&listener, "--metrics").await;
+            // More scrapers than this at once: closed without an answer.
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                continue;
+            };
+            let m = metrics.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let mut buf = Vec::with_capacity(1024);
+                let head = tokio::time::timeout(REQUEST_TIMEOUT, async {
+                    let mut chunk = [0u8; 1024];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < MAX_REQUEST {
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return false,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    true
+                })
+                .await;
+                if !matches!(head, Ok(true)) {
+                    return;
+                }
+                let (status, kind, body) = answer(&buf, &m, role, started);
+                let reply = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n{body}",
+                    body.len(),
+                    HEADERS
+                );
+                // A reader that never reads does not keep its slot.
+                let _ = tokio::time::timeout(REQUEST_TIMEOUT * 2, async {
+                    sock.write_all(reply.as_bytes()).await?;
+                    sock.shutdown().await
+                })
+                .await;
+            });
+        }
+    });
+    Ok(bound)
 }

@@ -15,7 +15,7 @@ pub mod auth;
 pub mod client;
 mod client_config;
 pub mod connect;
-mod dashboard;
+pub mod dashboard;
 mod dial;
 pub mod doctor;
 mod drain;

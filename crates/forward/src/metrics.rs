@@ -7,10 +7,8 @@
 //! counted where they happen.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use longhaul_session::SessionHandle;
 use prometheus_client::collector::Collector;
@@ -19,8 +17,6 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 /// Why something was refused (the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -365,68 +361,4 @@ fn openmetrics_to_text(om: &str) -> String {
         out.push('\n');
     }
     out
-}
-
-/// Scrapes answered at once.
-const MAX_SCRAPES: usize = 16;
-/// Longest request head the endpoint reads.
-const MAX_REQUEST: usize = 8 * 1024;
-/// Time a scraper has to send its request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Serves `GET /metrics` on `addr`, and the read-only dashboard: `GET /`
-/// (a page with no outside assets), `/dashboard.js` and `/status.json`
-/// (what `longhaul status` shows, bounded: see [`crate::dashboard`]);
-/// anything else: 404. `role`: "server" or "client". Returns the bound
-/// address; the endpoint runs until the runtime ends.
-pub async fn serve(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    role: &'static str,
-) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
-    let started = std::time::Instant::now();
-    tokio::spawn(async move {
-        loop {
-            let (mut sock, _) = longhaul_carrier::accept_with_backoff(&listener, "--metrics").await;
-            // More scrapers than this at once: closed without an answer.
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                continue;
-            };
-            let m = metrics.clone();
-            tokio::spawn(async move {
-                let _permit = permit;
-                let mut buf = Vec::with_capacity(1024);
-                let head = tokio::time::timeout(REQUEST_TIMEOUT, async {
-                    let mut chunk = [0u8; 1024];
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < MAX_REQUEST {
-                        match sock.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return false,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    true
-                })
-                .await;
-                if !matches!(head, Ok(true)) {
-                    return;
-                }
-                let (status, kind, body) = crate::dashboard::answer(&buf, &m, role, started);
-                let reply = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n{body}",
-                    body.len(),
-                    crate::dashboard::HEADERS
-                );
-                // A reader that never reads does not keep its slot.
-                let _ = tokio::time::timeout(REQUEST_TIMEOUT * 2, async {
-                    sock.write_all(reply.as_bytes()).await?;
-                    sock.shutdown().await
-                })
-                .await;
-            });
-        }
-    });
-    Ok(bound)
 }

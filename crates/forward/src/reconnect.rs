@@ -15,6 +15,9 @@ use crate::client_config::{ClientAcceptor, ClientConfig};
 use crate::dial::connect;
 use longhaul_carrier::CarrierUrl;
 
+/// How long a client that stops waits for its GOODBYE to be written.
+pub const GOODBYE_GRACE: Duration = Duration::from_secs(2);
+
 /// Dials the server and authenticates: a carrier ready for the hello.
 /// `instance`: the server instance holding the session it resumes.
 pub(crate) async fn dial(
@@ -472,8 +475,7 @@ pub(crate) async fn supervise(
                 Ok((s, _)) if *stop.borrow() => {
                     // Stopped while it was being made: it ends at once,
                     // and the server knows.
-                    s.shutdown("client stopped", crate::client::GOODBYE_GRACE)
-                        .await;
+                    s.shutdown("client stopped", GOODBYE_GRACE).await;
                     ended.send_replace(Some("client stopped".into()));
                     return;
                 }

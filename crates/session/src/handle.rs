@@ -5,11 +5,10 @@ use std::time::Duration;
 
 use longhaul_carrier::Carrier;
 
-use crate::admit::NewSession;
 use crate::config::{OpenRefused, Role, SessionConfig, SessionError, SessionStats};
 use crate::flow::{DatagramSink, Flow};
 use crate::local::LocalStream;
-use crate::resume::{Resumables, Served};
+use crate::resume::{NewSession, Resumables, Served};
 use crate::runtime::{Acceptor, SessionHandle, Shared};
 use crate::start::{build, hello};
 

@@ -46,7 +46,6 @@
 //! [`reader`]).
 #![forbid(unsafe_code)]
 
-mod admit;
 mod config;
 mod driver;
 mod flow;
@@ -74,7 +73,6 @@ mod stream_io;
 mod tasks;
 mod writer;
 
-pub use admit::NewSession;
 pub use config::{
     BoxFuture, Mode, OpenRefused, Role, SessionConfig, SessionError, SessionStats, StreamStats,
 };
@@ -85,6 +83,6 @@ pub use local::LocalStream;
 pub use longhaul_proto::mux::Dropped;
 pub use longhaul_proto::stripe::MAX_LANES;
 pub use pipe::{PumpEnd, ServicePipe, PIPE_QUEUE};
-pub use resume::{Resumables, Served};
+pub use resume::{NewSession, Resumables, Served};
 pub use runtime::{Acceptor, SessionHandle};
 pub use tasks::LaneStats;

@@ -121,6 +121,18 @@ impl Throttle {
     }
 }
 
+/// Refused OPENs logged, across sessions.
+static REFUSED_STREAMS: Throttle = Throttle::new();
+
+/// A refused OPEN in the log: its destination escaped, at most
+/// [`crate::logs::REFUSALS_PER_SECOND`] lines a second for the process.
+pub(crate) fn log_refused(peer: &str, dest: &str, why: &dyn std::fmt::Display) {
+    if REFUSED_STREAMS.pass("refused streams") {
+        let (dest, why) = (shown(dest), escaped(why));
+        tracing::info!(%peer, %dest, reason = %why, "stream refused");
+    }
+}
+
 /// One session's refusals: a [`Throttle`] that says, at most once a second
 /// and when the session ends, how many it did not log.
 pub struct Refusals {

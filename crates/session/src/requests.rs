@@ -8,12 +8,9 @@ use longhaul_proto::frame::Reason;
 use longhaul_proto::mux::{IncomingOpen, Refused};
 
 use crate::config::OpenRefused;
-use crate::logs::{escaped, shown, Throttle};
+use crate::logs::shown;
 use crate::runtime::{SessionHandle, Shared, Work};
 use crate::stream::spawn_pumps;
-
-/// Refused OPENs logged, across sessions.
-static REFUSED: Throttle = Throttle::new();
 
 /// Connects to what the peer asked for (bounded by `open_timeout`), then
 /// answers its OPEN.
@@ -44,20 +41,11 @@ pub(crate) fn connect_for_peer(shared: &Arc<Shared>, open: IncomingOpen, dest: S
             Err(e) => {
                 // Throttled for the whole process: the acceptor logs each
                 // session's refusals (throttled too) with their reasons.
-                log_refused(&me.peer, &dest, &e);
+                crate::logs::log_refused(&me.peer, &dest, &e);
                 me.with(|m, _| m.refuse_open(open, Refused::new(e.reason, e.description)));
             }
         }
     });
-}
-
-/// A refused OPEN in the log: its destination escaped, at most
-/// [`crate::logs::REFUSALS_PER_SECOND`] lines a second for the process.
-pub(crate) fn log_refused(peer: &str, dest: &str, why: &dyn std::fmt::Display) {
-    if REFUSED.pass("refused streams") {
-        let (dest, why) = (shown(dest), escaped(why));
-        tracing::info!(%peer, %dest, reason = %why, "stream refused");
-    }
 }
 
 /// Listens where the peer asked (through the acceptor's rules), then

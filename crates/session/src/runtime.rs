@@ -426,9 +426,7 @@ impl Shared {
                 }
             }
             Event::CarrierSilent { silent } => st.silent = Some(silent),
-            Event::RefusedOpen { dest, why } => {
-                crate::requests::log_refused(&self.peer, &dest, &why)
-            }
+            Event::RefusedOpen { dest, why } => crate::logs::log_refused(&self.peer, &dest, &why),
             Event::PeerDraining { reason } => {
                 tracing::info!(
                     peer = %self.peer,

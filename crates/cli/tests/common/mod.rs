@@ -167,3 +167,10 @@ pub fn echo_target() -> u16 {
     });
     port
 }
+
+/// Descriptors a process holds now.
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}

@@ -558,8 +558,7 @@ mod tests {
         assert!(l.attach(2).is_ok());
         assert!(l.attach(1).is_ok());
         assert!(l.attach(3).is_err(), "a lane more than agreed");
-        // A lane more, with a good proof, is told why: the session has
-        // its lanes (not "the proof was refused").
+        // A lane more, with a good proof, is told the session is full.
         let p = lane_proof(l.secret(), &l.session_id(), 7, 4, &[0; 32]);
         let e = l.check_lane("alice", 7, 4, &p, &[0; 32]).unwrap_err();
         assert_eq!(e.refusal, Refusal::LanesFull);

@@ -158,8 +158,7 @@ pub enum Event {
     /// The peer is draining (a server about to restart): open the next
     /// streams through a new session; the open ones go on.
     PeerDraining { reason: String },
-    /// We refused the peer's OPEN to `dest` ourselves (`why`: the stream
-    /// limit), for the log: `dest` is the peer's choice, to be escaped.
+    /// We refused the peer's OPEN to `dest` (the peer's choice: escape it).
     RefusedOpen { dest: String, why: &'static str },
     /// Nothing heard for `dead_after` on a resumable session: drop the
     /// carrier and resume on a new one ([`Mux::set_attached`]).
@@ -397,9 +396,7 @@ impl Mux {
         MuxStats {
             streams: self.streams.len() + self.draining.len(),
             budget_used: self.budget.used(),
-            // What a user asks for: the round trip through the session as
-            // PINGs measure it, else the kernel's view of the path (not the
-            // window's floor, nor a delayed ACK's inflated sample).
+            // The round trip PINGs measure, else the kernel's (no floor).
             rtt_ns: match self.ping_rtt_ns {
                 0 => self.path_rtt_ns,
                 ping => ping,
