@@ -23,7 +23,7 @@
 //! ACK is owed, which chunk a lane takes next and which stalled chunk goes
 //! again elsewhere ([`LinkLayer::next_chunk`], [`LinkLayer::on_tick`]).
 //! The runtime only moves bytes and tells it what happened; the
-//! deterministic simulation (`tests/link_sim.rs`) drives two of them over
+//! deterministic simulation (`tests/proto/link_sim.rs`) drives two of them over
 //! lanes that delay, drop and die.
 
 mod lanes;

@@ -7,7 +7,7 @@
 //! current time, and takes out frames to write ([`Mux::poll_transmit`]),
 //! [`Event`]s to act on, and the next deadline ([`Mux::poll_timeout`]). The
 //! tokio runtime (`longhaul-session`) only moves bytes and wakes tasks; the
-//! simulation test (`tests/connection_sim.rs`) joins two of these, each in
+//! simulation test (`tests/proto/connection_sim.rs`) joins two of these, each in
 //! a `Connection`, through an in-memory pipe instead.
 //!
 //! Time is the caller's clock in nanoseconds since the session started.

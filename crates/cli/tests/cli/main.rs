@@ -1,0 +1,23 @@
+//! The cli crate's integration tests, one binary (each binary links the
+//! whole tree, so one per crate keeps the build short).
+
+mod common;
+
+mod cli;
+mod cp;
+mod cp_hostile;
+mod doctor;
+mod doctor_direct;
+mod fleet;
+mod folder_hostile;
+mod handshake_flood;
+mod hostile_logs;
+mod idle_streams;
+mod lifecycle;
+mod local_user;
+mod netem;
+mod ops;
+mod reload_revokes;
+mod reset;
+mod setup;
+mod udp;
