@@ -86,7 +86,7 @@ pub async fn send_until(
                 // would. "No" clears the cached readiness, so the next wait
                 // lasts until the kernel's own wake-up.
                 let level = s.try_io(Interest::WRITABLE, || {
-                    if longhaul_carrier::poll_writable(s)? {
+                    if longhaul_carrier::poll_writable(&socket2::SockRef::from(&*s))? {
                         Ok(())
                     } else {
                         Err(std::io::ErrorKind::WouldBlock.into())

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::process::{Child, ChildStdout};
 
 use crate::fill::UrgentFlag;
 use crate::keys::Fingerprint;
@@ -227,9 +227,7 @@ impl AsyncRead for ChildReader {
 }
 
 fn spawn_command(command: &str) -> io::Result<Carrier> {
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(command)
+    let mut child = crate::sys::shell(command)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

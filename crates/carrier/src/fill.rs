@@ -144,7 +144,7 @@ impl<T: TcpSide> Filler<T> {
         }
         let sock = socket2::SockRef::from(self.inner.tcp());
         if urgent {
-            if let Some(v) = notsent_lowat(&*sock) {
+            if let Some(v) = notsent_lowat(&sock) {
                 let boost = u32::try_from(self.reserve).unwrap_or(u32::MAX);
                 if set_notsent_lowat(&sock, v.saturating_add(boost)).is_ok() {
                     self.lowered_to = Some(v);
@@ -170,7 +170,7 @@ impl<T: TcpSide> Filler<T> {
             self.unsent
         };
         if self.room < self.reserve + want as u64 || unsent < want as u64 {
-            match send_space(&*socket2::SockRef::from(self.inner.tcp())) {
+            match send_space(&socket2::SockRef::from(self.inner.tcp())) {
                 Some(s) => {
                     self.room = u64::from(s.free());
                     // Never more than a quarter: a new socket's buffer starts
@@ -201,7 +201,7 @@ impl<T: TcpSide> Filler<T> {
         // the one read before.
         if self.lowat_age == 0 && !urgent {
             self.lowat =
-                notsent_lowat(&*socket2::SockRef::from(self.inner.tcp())).unwrap_or(u32::MAX);
+                notsent_lowat(&socket2::SockRef::from(self.inner.tcp())).unwrap_or(u32::MAX);
             self.lowat_age = LOWAT_REREAD;
         }
         self.lowat_age = self.lowat_age.saturating_sub(1);
@@ -299,7 +299,7 @@ impl<T: TcpSide> Filler<T> {
             // wanting room when it is not, which is what lets the kernel
             // grow the send buffer as ACKs come in (a sender that never
             // hits "would block" would otherwise keep its first, small one).
-            let _ = poll_writable(&*socket2::SockRef::from(self.inner.tcp()));
+            let _ = poll_writable(&socket2::SockRef::from(self.inner.tcp()));
             if self.poll_tick(cx).is_pending() {
                 return Poll::Pending;
             }
@@ -403,7 +403,7 @@ mod tests {
             }
         }
         assert!(sent > 0);
-        let space = send_space(&*socket2::SockRef::from(w.inner.tcp())).unwrap();
+        let space = send_space(&socket2::SockRef::from(w.inner.tcp())).unwrap();
         let reserve = RESERVE_MIN
             .max(u64::from(space.sndbuf) / 32)
             .min(u64::from(space.sndbuf) / 4);

@@ -144,7 +144,6 @@ impl Identity {
     /// `PATH.pub` with the fingerprint, for pasting into authorized keys.
     pub fn save(&self, path: &Path) -> Result<(), KeyError> {
         use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
         let werr = |err| KeyError::Write {
             path: path.into(),
             err,
@@ -152,18 +151,16 @@ impl Identity {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(werr)?;
         }
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|err| {
-                if err.kind() == std::io::ErrorKind::AlreadyExists {
-                    KeyError::Exists { path: path.into() }
-                } else {
-                    werr(err)
-                }
-            })?;
+        let mut f =
+            crate::sys::owner_only(std::fs::OpenOptions::new().write(true).create_new(true))
+                .open(path)
+                .map_err(|err| {
+                    if err.kind() == std::io::ErrorKind::AlreadyExists {
+                        KeyError::Exists { path: path.into() }
+                    } else {
+                        werr(err)
+                    }
+                })?;
         f.write_all(self.key_pem.as_bytes()).map_err(werr)?;
         let mut pubpath = path.as_os_str().to_owned();
         pubpath.push(".pub");
@@ -209,14 +206,18 @@ mod tests {
 
     #[test]
     fn save_refuses_to_overwrite_and_is_private() {
-        use std::os::unix::fs::PermissionsExt;
         let dir = std::env::temp_dir().join(format!("lh-key-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let path = dir.join("k");
         let id = Identity::generate().unwrap();
         id.save(&path).unwrap();
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
-        assert_eq!(mode & 0o077, 0);
+        // Windows: the folder's access list decides (see `sys::owner_only`).
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0);
+        }
         assert!(matches!(id.save(&path), Err(KeyError::Exists { .. })));
         let loaded = Identity::load(&path).unwrap();
         assert_eq!(loaded.fingerprint, id.fingerprint);

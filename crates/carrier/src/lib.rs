@@ -4,7 +4,7 @@
 //! and a write half, plus a way to ask the path's RTT. The multiplexer sees
 //! only [`Carrier`], so TLS, WebSocket, stdio, striped or folder carriers can
 //! be added without touching it.
-// `unsafe` only in the two modules that need it (system calls std lacks).
+// `unsafe` only in `sys`, where the system calls std lacks are made.
 #![deny(unsafe_code)]
 
 use std::io;
@@ -19,10 +19,10 @@ pub mod dial;
 mod fill;
 pub mod folder;
 pub mod keys;
-#[allow(unsafe_code)]
 mod sockopt;
-pub mod tls;
 #[allow(unsafe_code)]
+mod sys;
+pub mod tls;
 pub mod udp_batch;
 pub mod url;
 pub mod ws;

@@ -139,7 +139,7 @@ local_halves!(
         w.forget();
     },
     // The send buffer's queued memory: unsent plus unacknowledged.
-    |w| longhaul_carrier::send_space(w.as_ref()).map_or(0, |s| s.queued)
+    |w| longhaul_carrier::send_space(&socket2::SockRef::from(w.as_ref())).map_or(0, |s| s.queued)
 );
 // A Unix socket has no reset: the service sees the close.
 local_halves!(unix::OwnedReadHalf, unix::OwnedWriteHalf, drop, |_| 0);

@@ -37,8 +37,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::pipe::{create_segment, segment_path};
 use super::record::{self, Kind};
-use super::watch::{watch_dir, DirWatch, FileWait, PollMode, Wake};
+use super::watch::{DirWatch, FileWait, PollMode, Wake};
 use super::{check_dir, start, stream_files, FolderStream, FolderUrl};
+use crate::sys::DirNotifier;
 
 /// Files untouched this long are left over from a dead process (live
 /// carriers write a keepalive every few seconds): the listener removes them.
@@ -109,12 +110,18 @@ impl FolderListener {
         let started = probe(&url.dir)?;
         let watch = DirWatch::of(&url.dir);
         let wake = Arc::new(Wake::default());
-        let inotify = match url.poll {
-            PollMode::Auto => watch_dir(&url.dir, "").ok(),
+        let notes = match url.poll {
+            PollMode::Auto => match DirNotifier::watch_dir(&url.dir, "") {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    tracing::info!(dir = %url.dir.display(), "no file-change notifications ({e}): the listener polls");
+                    None
+                }
+            },
             PollMode::Forced(_) => None,
         };
-        let watched = inotify.is_some();
-        let waiter = FileWait::new(inotify, &wake)?;
+        let watched = notes.is_some();
+        let waiter = FileWait::new(notes, &wake)?;
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         let mut state = Listening {
@@ -476,8 +483,7 @@ impl Listening {
         let key = format!("{id:016x}");
         let files = stream_files(&self.url, &self.watch, &key, 's');
         if let Ok(f) = create_segment(&files, 0) {
-            use std::os::unix::fs::FileExt;
-            let _ = f.write_all_at(&record::encode(Kind::End, 0, &[]), 0);
+            let _ = crate::sys::write_all_at(&f, &record::encode(Kind::End, 0, &[]), 0);
             if self.answers.len() >= KNOWN_IDS {
                 if let Some((_, p)) = self.answers.pop_front() {
                     let _ = std::fs::remove_file(p);

@@ -140,7 +140,7 @@ impl FolderUrl {
         // symbolic link may make it mean something else).
         let abs: PathBuf = abs.components().collect();
         let mut out = String::from("dir://");
-        let bytes = std::os::unix::ffi::OsStrExt::as_bytes(abs.as_os_str());
+        let bytes = abs.as_os_str().as_encoded_bytes();
         for chunk in bytes.utf8_chunks() {
             for c in chunk.valid().chars() {
                 if c.is_whitespace() || c.is_control() || c == '%' {
@@ -174,8 +174,7 @@ impl FolderUrl {
                 i += 1;
             }
         }
-        let os: std::ffi::OsString = std::os::unix::ffi::OsStringExt::from_vec(out);
-        Some(PathBuf::from(os))
+        crate::sys::os_string(out).map(PathBuf::from)
     }
 }
 

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::watch::{DirWatch, Pacer, PollMode};
+use crate::sys;
 
 /// Bytes in one segment file: the disk bound is twice this per direction.
 pub const SEGMENT: u64 = 8 * 1024 * 1024;
@@ -83,21 +84,9 @@ impl StreamFiles {
 /// Creates segment `n` (it must not exist: another carrier's, or stale).
 /// O_EXCL never opens what is already there (a FIFO, a symbolic link).
 pub fn create_segment(files: &StreamFiles, n: u64) -> io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(no_surprises())
+    sys::no_surprises(OpenOptions::new().write(true).create_new(true))
         .open(files.path(n))
         .map_err(|e| files.err("cannot create", n, e))
-}
-
-/// Flags for every carrier file we open: a FIFO must not block the open,
-/// a symbolic link (to a device, a FIFO, another file) is never followed,
-/// a terminal never becomes ours.
-fn no_surprises() -> i32 {
-    use rustix::fs::OFlags;
-    (OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::NOCTTY).bits() as i32
 }
 
 /// Opens segment `n` for reading; None while it does not exist. Anyone who
@@ -106,7 +95,6 @@ fn no_surprises() -> i32 {
 /// a device is never opened, and after, on the descriptor, against a swap
 /// in between), without blocking and without following links.
 pub fn open_segment(files: &StreamFiles, n: u64) -> io::Result<Option<File>> {
-    use std::os::unix::fs::OpenOptionsExt;
     let path = files.path(n);
     let not_regular = || {
         io::Error::new(
@@ -123,17 +111,10 @@ pub fn open_segment(files: &StreamFiles, n: u64) -> io::Result<Option<File>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(files.err("cannot look at", n, e)),
     }
-    let f = match OpenOptions::new()
-        .read(true)
-        .custom_flags(no_surprises())
-        .open(&path)
-    {
+    let f = match sys::no_surprises(OpenOptions::new().read(true)).open(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        // ELOOP: it became a symbolic link; ENXIO: a socket.
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENXIO)) => {
-            return Err(not_regular())
-        }
+        Err(e) if sys::not_a_regular_file(&e) => return Err(not_regular()),
         Err(e) => return Err(files.err("cannot open", n, e)),
     };
     if !f
@@ -144,34 +125,11 @@ pub fn open_segment(files: &StreamFiles, n: u64) -> io::Result<Option<File>> {
     {
         return Err(not_regular());
     }
-    // Blocking reads again (a FUSE server sees the flags of each read).
-    rustix::fs::fcntl_setfl(&f, rustix::fs::OFlags::empty())
-        .map_err(|e| files.err("cannot open", n, e.into()))?;
+    sys::blocking_again(&f).map_err(|e| files.err("cannot open", n, e))?;
     Ok(Some(f))
 }
 
-/// A file's size as the file system has it now: on a share whose client
-/// caches attributes (FUSE keeps them for a second by default; NFS for
-/// several), `statx` with AT_STATX_FORCE_SYNC asks the server again, and a
-/// held descriptor then reads what is new. None: the file is gone.
-pub(super) fn fresh_len(path: &Path) -> io::Result<Option<u64>> {
-    use rustix::fs::{statx, AtFlags, StatxFlags, CWD};
-    // Never through a symbolic link: it is not a carrier file.
-    let flags = AtFlags::STATX_FORCE_SYNC | AtFlags::SYMLINK_NOFOLLOW;
-    match statx(CWD, path, flags, StatxFlags::SIZE) {
-        Ok(st) => Ok(Some(st.stx_size)),
-        Err(rustix::io::Errno::NOENT) => Ok(None),
-        // No statx (old kernels, some sandboxes): what stat says.
-        Err(rustix::io::Errno::NOSYS) | Err(rustix::io::Errno::PERM) => {
-            match std::fs::symlink_metadata(path) {
-                Ok(m) => Ok(Some(m.len())),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(e),
-            }
-        }
-        Err(e) => Err(e.into()),
-    }
-}
+pub(super) use crate::sys::fresh_len;
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

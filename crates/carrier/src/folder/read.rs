@@ -12,7 +12,6 @@
 use std::fs::File;
 use std::future::Future;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -20,14 +19,14 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
-use futures_util::Stream;
 use tokio::io::{AsyncRead, ReadBuf};
 
 use super::pipe::{
     failure, fresh_len, lock, open_segment, Failure, StreamFiles, CORRUPT_AFTER, INBOX,
 };
 use super::record::{self, Kind, Parsed, HEADER, MAX_PAYLOAD};
-use super::watch::{watch_dir, FileWait, FileWatch, Pacer, PollMode, Wake, POLL_MAX};
+use super::watch::{FileWait, Pacer, PollMode, Wake, POLL_MAX};
+use crate::sys::DirNotifier;
 
 /// Where a reader is in its direction's files.
 struct ReadCursor {
@@ -120,8 +119,7 @@ impl ReadCursor {
         let Some(f) = &self.file else {
             return Ok(Step::Nothing);
         };
-        let n = f
-            .read_at(&mut self.chunk, self.off)
+        let n = crate::sys::read_at(f, &mut self.chunk, self.off)
             .map_err(|e| self.files.err("cannot read", self.seg, e))?;
         let mut at = 0;
         let mut progress = false;
@@ -218,15 +216,14 @@ enum Side {
 pub fn start_reader(mut files: StreamFiles) -> io::Result<FolderRead> {
     let pacer = files.pacer();
     if !pacer.polling() {
-        match watch_dir(&files.dir, &files.key) {
-            Ok((ino, watch)) => {
+        match DirNotifier::watch_dir(&files.dir, &files.key) {
+            Ok(notes) => {
                 return Ok(FolderRead {
                     side: Side::Inline(Box::new(Inline {
                         cursor: ReadCursor::new(files),
                         buf: BytesMut::new(),
-                        ino: Some(ino),
-                        events: None,
-                        watch,
+                        notes,
+                        on_runtime: false,
                         timer: None,
                         pacer,
                         eof: false,
@@ -254,11 +251,10 @@ struct Inline {
     cursor: ReadCursor,
     /// Payloads read and not yet taken.
     buf: BytesMut,
-    /// The inotify descriptor, until it is registered with the runtime (on
-    /// first use: the carrier may be made outside it).
-    ino: Option<inotify::Inotify>,
-    events: Option<inotify::EventStream<Vec<u8>>>,
-    watch: FileWatch,
+    /// File-change notifications, handed to the runtime on first use (the
+    /// carrier may be made outside it).
+    notes: DirNotifier,
+    on_runtime: bool,
     /// The safety check's deadline while waiting.
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     pacer: Pacer,
@@ -277,20 +273,11 @@ enum Inlined {
 impl Inline {
     /// Reads every queued notification; true if one was about our files.
     fn drain_events(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(events) = &mut self.events else {
-            return false;
-        };
-        let mut woke = false;
-        loop {
-            match Pin::new(&mut *events).poll_next(cx) {
-                Poll::Ready(Some(Ok(e))) => {
-                    woke |= self.watch.ours(&e.wd, e.mask, e.name.as_deref());
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    self.failed = Some(failure(&e));
-                    return woke;
-                }
-                Poll::Ready(None) | Poll::Pending => return woke,
+        match self.notes.poll_ours(cx) {
+            Ok(woke) => woke,
+            Err(e) => {
+                self.failed = Some(failure(&e));
+                false
             }
         }
     }
@@ -309,20 +296,16 @@ impl Inline {
             if let Some((kind, msg)) = &self.failed {
                 return Inlined::Ready(Err(io::Error::new(*kind, msg.clone())));
             }
-            if self.events.is_none() {
-                match self
-                    .ino
-                    .take()
-                    .map(|i| i.into_event_stream(vec![0u8; 4096]))
-                {
-                    Some(Ok(ev)) => self.events = Some(ev),
-                    _ => return Inlined::HandOver,
+            if !self.on_runtime {
+                match self.notes.hand_to_runtime() {
+                    Ok(()) => self.on_runtime = true,
+                    Err(_) => return Inlined::HandOver,
                 }
             }
-            let watch = &mut self.watch;
+            let notes = &mut self.notes;
             let step = self
                 .cursor
-                .step(&mut self.buf, INBOX, false, &mut |p| watch.follow(p));
+                .step(&mut self.buf, INBOX, false, &mut |p| notes.follow(p));
             match step {
                 Ok(Step::Progress) => {
                     // A notification that came after the timeout (a busy
@@ -349,9 +332,6 @@ impl Inline {
                 }
             }
             // Nothing yet: a notification, or the safety check.
-            if self.events.is_none() {
-                return Inlined::HandOver;
-            }
             if self.drain_events(cx) || self.failed.is_some() {
                 self.pacer.note_wait(false);
                 self.timer = None;

@@ -1,7 +1,7 @@
 //! Waking the folder carrier's threads: file-change notifications where the
 //! file system gives them, polling where it does not.
 //!
-//! A reader thread waits on its own inotify descriptor, watching the one
+//! A reader thread waits on its own notifications (inotify on Linux), watching the one
 //! file it follows (and the folder for new files), so that a writer's
 //! append wakes exactly the thread that reads it and nothing else; the
 //! listener watches the folder for new files. (A writer waits only for the
@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::Duration;
+
+use crate::sys::DirNotifier;
 
 /// A counter and a condition variable: a thread reads the counter, checks
 /// what it waits for, then sleeps until the counter moves (or a timeout).
@@ -99,106 +101,12 @@ pub const POLL_MAX: Duration = Duration::from_millis(50);
 /// Missed events before a thread stops trusting notifications.
 const MISSES_TO_POLL: u32 = 2;
 
-/// What a reader watches with its own inotify descriptor: the file it
-/// follows (and the folder, for new files of its stream and for the folder
-/// going away), so that a writer's append wakes exactly the reader of that
-/// file — no watcher thread on the way, no wake-ups for other files.
-pub struct FileWatch {
-    watches: inotify::Watches,
-    /// The file being followed, and its watch.
-    file: Option<(PathBuf, inotify::WatchDescriptor)>,
-    /// File names of our stream start with this: `lh-<id>.<c|s>.`
-    prefix: String,
-}
-
-/// A new inotify descriptor watching `dir` for new files of stream `key`
-/// (`""`: any carrier's).
-pub fn watch_dir(dir: &Path, key: &str) -> std::io::Result<(inotify::Inotify, FileWatch)> {
-    use inotify::WatchMask;
-    let ino = inotify::Inotify::init()?;
-    let mask =
-        WatchMask::CREATE | WatchMask::MOVED_TO | WatchMask::DELETE_SELF | WatchMask::MOVE_SELF;
-    let mut watches = ino.watches();
-    watches.add(dir, mask)?;
-    let prefix = match key {
-        "" => "lh-".to_string(),
-        k => format!("lh-{k}."),
-    };
-    Ok((
-        ino,
-        FileWatch {
-            watches,
-            file: None,
-            prefix,
-        },
-    ))
-}
-
-impl FileWatch {
-    /// Follows `path` from now on (appends to it, its removal) instead of
-    /// the file before.
-    pub fn follow(&mut self, path: &Path) {
-        use inotify::WatchMask;
-        // The same file opened afresh keeps its watch (removing a watch
-        // makes the descriptor readable with nothing to read: a spin).
-        if self.file.as_ref().is_some_and(|(p, _)| p == path) {
-            return;
-        }
-        if let Some((_, old)) = self.file.take() {
-            let _ = self.watches.remove(old);
-        }
-        // ATTRIB: an unlink while we hold the file open.
-        let mask = WatchMask::MODIFY | WatchMask::ATTRIB | WatchMask::DELETE_SELF;
-        self.file = self
-            .watches
-            .add(path, mask)
-            .ok()
-            .map(|wd| (path.to_path_buf(), wd));
-    }
-
-    /// Whether an event concerns our stream.
-    pub fn ours(
-        &self,
-        wd: &inotify::WatchDescriptor,
-        mask: inotify::EventMask,
-        name: Option<&std::ffi::OsStr>,
-    ) -> bool {
-        match name {
-            // The file we follow, or the folder itself.
-            None => {
-                self.file.as_ref().is_some_and(|(_, f)| f == wd)
-                    || !mask.contains(inotify::EventMask::IGNORED)
-            }
-            Some(n) => n.to_str().is_some_and(|n| n.starts_with(&self.prefix)),
-        }
-    }
-}
-
-/// Reads every event queued on `ino` (non-blocking); true if one concerns
-/// `watch`'s stream.
-fn drain(ino: &mut inotify::Inotify, watch: &FileWatch, buf: &mut [u8]) -> bool {
-    let mut ours = false;
-    loop {
-        let Ok(evs) = ino.read_events(buf) else {
-            return ours;
-        };
-        let mut any = false;
-        for e in evs {
-            any = true;
-            ours |= watch.ours(&e.wd, e.mask, e.name);
-        }
-        if !any {
-            return ours;
-        }
-    }
-}
-
-/// A thread's wait: its [`FileWatch`] (if notifications are used) and the
+/// A thread's wait: its [`DirNotifier`] (if notifications are used) and the
 /// [`Wake`] of its carrier half, in one `poll`.
 pub struct FileWait {
     poll: mio::Poll,
     events: mio::Events,
-    watch: Option<(inotify::Inotify, FileWatch)>,
+    watch: Option<DirNotifier>,
     buf: Vec<u8>,
     /// Events were left queued by the last [`FileWait::wait_names`]: the
     /// next one reads them before it sleeps (edge-triggered: no new wake).
@@ -217,27 +125,19 @@ pub struct Woken {
 /// portions.
 const NAME_READS: usize = 16;
 
-const INOTIFY: mio::Token = mio::Token(0);
+const NOTIFIER: mio::Token = mio::Token(0);
 const WAKER: mio::Token = mio::Token(1);
 
 impl FileWait {
     /// Waits on `watch` (None: polling only) and on `wake`.
-    pub fn new(
-        watch: Option<(inotify::Inotify, FileWatch)>,
-        wake: &Wake,
-    ) -> std::io::Result<FileWait> {
+    pub fn new(watch: Option<DirNotifier>, wake: &Wake) -> std::io::Result<FileWait> {
         let poll = mio::Poll::new()?;
         let waker = mio::Waker::new(poll.registry(), WAKER)?;
         wake.poll_waker
             .set(waker)
             .map_err(|_| std::io::Error::other("a wake serves one waiting thread"))?;
-        if let Some((ino, _)) = &watch {
-            let fd = std::os::fd::AsRawFd::as_raw_fd(ino);
-            poll.registry().register(
-                &mut mio::unix::SourceFd(&fd),
-                INOTIFY,
-                mio::Interest::READABLE,
-            )?;
+        if let Some(n) = &watch {
+            n.register(poll.registry(), NOTIFIER)?;
         }
         Ok(FileWait {
             poll,
@@ -249,8 +149,8 @@ impl FileWait {
     }
 
     pub fn follow(&mut self, path: &Path) {
-        if let Some((_, w)) = &mut self.watch {
-            w.follow(path);
+        if let Some(n) = &mut self.watch {
+            n.follow(path);
         }
     }
 
@@ -263,7 +163,7 @@ impl FileWait {
         let woke = self.events.iter().any(|e| e.token() == WAKER);
         // Edge-triggered: read every queued event.
         let ours = match &mut self.watch {
-            Some((ino, w)) => drain(ino, w, &mut self.buf),
+            Some(n) => n.drain(&mut self.buf),
             None => false,
         };
         woke || ours
@@ -280,22 +180,13 @@ impl FileWait {
             let _ = self.poll.poll(&mut self.events, Some(timeout));
         }
         self.backlog = false;
-        let Some((ino, _)) = &mut self.watch else {
+        let Some(n) = &mut self.watch else {
             return woken;
         };
         for _ in 0..NAME_READS {
-            let Ok(evs) = ino.read_events(&mut self.buf) else {
-                return woken;
-            };
-            let mut any = false;
-            for e in evs {
-                any = true;
-                woken.overflowed |= e.mask.contains(inotify::EventMask::Q_OVERFLOW);
-                if let Some(n) = e.name {
-                    found(n);
-                }
-            }
-            if !any {
+            let names = n.read_names(&mut self.buf, found);
+            woken.overflowed |= names.overflowed;
+            if !names.any {
                 return woken;
             }
         }

@@ -3,7 +3,6 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -46,8 +45,7 @@ impl FileState {
         let (hdr, payload) = self.rec.split_at_mut(HEADER);
         let hdr: &mut [u8; HEADER] = hdr.try_into().map_err(io::Error::other)?;
         record::encode_header(kind, self.seq, &payload[..len], hdr);
-        self.file
-            .write_all_at(&self.rec[..HEADER + len], self.off)
+        crate::sys::write_all_at(&self.file, &self.rec[..HEADER + len], self.off)
             .map_err(|e| files.err("cannot write", self.seg, e))?;
         self.seq += 1;
         self.off += (HEADER + len) as u64;
@@ -198,8 +196,7 @@ fn write_loop(sh: &WriterShared) -> io::Result<()> {
             }
             let next = create_segment(files, fs.seg + 1)?;
             let mark = record::encode(Kind::Next, fs.seq, &[]);
-            fs.file
-                .write_all_at(&mark, fs.off)
+            crate::sys::write_all_at(&fs.file, &mark, fs.off)
                 .map_err(|e| files.err("cannot write", fs.seg, e))?;
             fs.seq += 1;
             (fs.file, fs.seg, fs.off) = (next, fs.seg + 1, 0);

@@ -1,0 +1,76 @@
+//! What differs between operating systems, and nothing else: socket
+//! options the standard library and socket2 lack, batched UDP reads, file
+//! flags and positional I/O for the folder carrier, file-change
+//! notifications, a private key's file mode and the shell behind `cmd://`.
+//! The rest of the crate calls these and has no `cfg(target_os)`.
+//!
+//! `unix.rs` (Linux first: other Unixes get "not known" for the socket
+//! options), `windows.rs`, and here what both can share.
+
+#[cfg(unix)]
+mod unix;
+#[cfg(unix)]
+pub use unix::*;
+
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+pub use self::windows::*;
+
+#[cfg(target_os = "linux")]
+mod inotify;
+#[cfg(target_os = "linux")]
+pub use self::inotify::DirNotifier;
+
+#[cfg(not(target_os = "linux"))]
+mod no_notify;
+#[cfg(not(target_os = "linux"))]
+pub use no_notify::DirNotifier;
+
+/// What works wherever socket2 and std do.
+#[allow(dead_code)]
+mod fallback {
+    use std::io;
+    use std::net::SocketAddr;
+    use std::path::Path;
+
+    use crate::udp_batch::MAX_BATCH;
+
+    /// One `recvfrom` per datagram, until the socket is empty: what a
+    /// batch read is where the system has no `recvmmsg`.
+    pub fn recv_batch(
+        sock: &socket2::Socket,
+        bufs: &mut [Vec<u8>],
+        from: &mut [Option<SocketAddr>],
+    ) -> io::Result<usize> {
+        let n = bufs.len().min(MAX_BATCH);
+        for (i, b) in bufs.iter_mut().take(n).enumerate() {
+            b.clear();
+            let r = sock.recv_from(b.spare_capacity_mut());
+            let (len, addr) = match r {
+                Ok((len, addr)) => (len, Some(addr)),
+                // Windows: a datagram longer than the buffer fills it and
+                // says so with an error (Unix cuts it quietly).
+                Err(e) if super::datagram_cut(&e) => (b.capacity(), None),
+                Err(e) if i > 0 && e.kind() == io::ErrorKind::WouldBlock => return Ok(i),
+                Err(e) => return Err(e),
+            };
+            let len = len.min(b.capacity());
+            // SAFETY: the system wrote `len` bytes from the buffer's start
+            // (at most its capacity, which `min` keeps to anyway).
+            unsafe { b.set_len(len) };
+            if let Some(slot) = from.get_mut(i) {
+                *slot = addr.and_then(|a| a.as_socket());
+            }
+        }
+        Ok(n)
+    }
+
+    pub fn len(path: &Path) -> io::Result<Option<u64>> {
+        match std::fs::symlink_metadata(path) {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}

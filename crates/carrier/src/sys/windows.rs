@@ -1,0 +1,122 @@
+//! Windows: no TCP_INFO, SO_MEMINFO or TCP_NOTSENT_LOWAT equivalents used
+//! yet (paths are "not known", the send queue is the kernel's), `WSAPoll`
+//! for the level check, one `recvfrom` per datagram, positional file I/O
+//! through `seek_read`/`seek_write`, and `cmd /C` behind `cmd://`.
+
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::windows::fs::{FileExt, OpenOptionsExt};
+use std::os::windows::io::AsRawSocket;
+use std::path::Path;
+
+use windows_sys::Win32::Networking::WinSock;
+
+use crate::sockopt::{SendSpace, TcpPath};
+
+pub use super::fallback::recv_batch;
+
+pub fn tcp_path(_: &socket2::Socket) -> Option<TcpPath> {
+    None
+}
+
+pub fn set_notsent_lowat(_: &socket2::Socket, _: u32) -> io::Result<()> {
+    // Nothing to set: the kernel's queue stays first come, first served,
+    // which costs latency, not correctness.
+    Ok(())
+}
+
+pub fn notsent_lowat(_: &socket2::Socket) -> Option<u32> {
+    None
+}
+
+pub fn send_space(_: &socket2::Socket) -> Option<SendSpace> {
+    None
+}
+
+pub fn poll_writable(sock: &socket2::Socket) -> io::Result<bool> {
+    let mut fds = [WinSock::WSAPOLLFD {
+        fd: sock.as_raw_socket() as WinSock::SOCKET,
+        events: WinSock::POLLWRNORM,
+        revents: 0,
+    }];
+    // SAFETY: `fds` is a valid array of one WSAPOLLFD that outlives the
+    // call; a zero timeout never blocks.
+    let rc = unsafe { WinSock::WSAPoll(fds.as_mut_ptr(), 1, 0) };
+    if rc < 0 {
+        return Err(io::Error::from_raw_os_error(
+            // SAFETY: reads the calling thread's last socket error.
+            unsafe { WinSock::WSAGetLastError() },
+        ));
+    }
+    // An error or hang-up counts as writable: the next write reports it.
+    let ready = WinSock::POLLWRNORM | WinSock::POLLERR | WinSock::POLLHUP;
+    Ok(fds[0].revents & ready != 0)
+}
+
+/// WSAEMSGSIZE: the datagram was longer than the buffer, which holds its
+/// start.
+pub fn datagram_cut(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(WinSock::WSAEMSGSIZE)
+}
+
+/// Never follows a reparse point (a symbolic link or junction someone
+/// who can write the folder made): the link itself is opened, and then
+/// fails the regular-file check.
+pub fn no_surprises(o: &mut OpenOptions) -> &mut OpenOptions {
+    const FILE_FLAG_OPEN_REPARSE_POINT: u32 = 0x0020_0000;
+    o.custom_flags(FILE_FLAG_OPEN_REPARSE_POINT)
+}
+
+pub fn not_a_regular_file(_: &io::Error) -> bool {
+    false
+}
+
+pub fn blocking_again(_: &File) -> io::Result<()> {
+    Ok(())
+}
+
+/// The size the file system reports (SMB clients refresh it on a query).
+pub fn fresh_len(path: &Path) -> io::Result<Option<u64>> {
+    super::fallback::len(path)
+}
+
+pub fn read_at(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    f.seek_read(buf, off)
+}
+
+pub fn write_all_at(f: &File, mut buf: &[u8], mut off: u64) -> io::Result<()> {
+    while !buf.is_empty() {
+        match f.seek_write(buf, off) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                buf = &buf[n..];
+                off += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A new file inherits its folder's access list: under the user's
+/// profile (where keys live by default) only the user, SYSTEM and
+/// Administrators can read it.
+pub fn owner_only(o: &mut OpenOptions) -> &mut OpenOptions {
+    o
+}
+
+/// Runs `command` with `cmd /C` (so `ssh.exe host longhaul stdio` works
+/// as it is typed at a prompt).
+pub fn shell(command: &str) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new("cmd");
+    c.arg("/C").arg(command);
+    c
+}
+
+/// A path from the bytes [`crate::folder::FolderUrl::identity`] encoded:
+/// UTF-8 here (a name that is not is percent-encoded on the way out).
+pub fn os_string(bytes: Vec<u8>) -> Option<OsString> {
+    String::from_utf8(bytes).ok().map(OsString::from)
+}
