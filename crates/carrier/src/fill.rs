@@ -403,7 +403,11 @@ mod tests {
             }
         }
         assert!(sent > 0);
-        let space = send_space(&socket2::SockRef::from(w.inner.tcp())).unwrap();
+        // Where the system keeps its send-queue accounting to itself
+        // (Windows), no reserve is kept: urgent bytes queue behind bulk.
+        let Some(space) = send_space(&socket2::SockRef::from(w.inner.tcp())) else {
+            return;
+        };
         let reserve = RESERVE_MIN
             .max(u64::from(space.sndbuf) / 32)
             .min(u64::from(space.sndbuf) / 4);

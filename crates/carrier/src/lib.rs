@@ -279,7 +279,7 @@ pub const CARRIER_USER_TIMEOUT: Duration = Duration::from_secs(15);
 /// Options for a carrier's TCP socket (any transport over it).
 pub fn tune_carrier_socket(stream: &TcpStream) -> io::Result<()> {
     tune_socket(stream)?;
-    socket2::SockRef::from(stream).set_tcp_user_timeout(Some(CARRIER_USER_TIMEOUT))
+    sys::set_user_timeout(&socket2::SockRef::from(stream), CARRIER_USER_TIMEOUT)
 }
 
 /// Socket options for every TCP socket longhaul owns: no Nagle (longhaul
@@ -311,22 +311,15 @@ pub fn check_congestion(algo: &str) -> io::Result<()> {
 }
 
 fn apply_congestion(sock: &socket2::SockRef<'_>, algo: &str) -> io::Result<()> {
-    sock.set_tcp_congestion(algo.as_bytes()).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!(
-                "congestion control '{algo}' unavailable ({e}); see /proc/sys/net/ipv4/tcp_available_congestion_control"
-            ),
-        )
-    })
+    sys::set_congestion(sock, algo)
 }
 
-/// Binds a TCP listener with SO_REUSEADDR (so a restarted server gets its
-/// port back at once).
+/// Binds a TCP listener that a restarted server gets back at once
+/// (SO_REUSEADDR on Unix; Windows' own rules need nothing).
 pub fn bind_listener(addr: SocketAddr) -> io::Result<tokio::net::TcpListener> {
     let domain = socket2::Domain::for_address(addr);
     let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
-    s.set_reuse_address(true)?;
+    sys::rebind_at_once(&s)?;
     if addr.is_ipv6() {
         // `[::]` means IPv6 only here; bind 0.0.0.0 as well for both.
         let _ = s.set_only_v6(true);

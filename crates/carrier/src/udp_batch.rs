@@ -20,10 +20,12 @@ pub const MAX_BATCH: usize = 16;
 /// start up to its capacity (a longer datagram is cut there; give one
 /// byte more than the longest wanted to tell). Each buffer's length
 /// becomes what it received, and `from[i]` the source of datagram `i`
-/// (`None`: not an IP address, or `from` is shorter). Returns how many
+/// (`None`: not an IP address, `from` is shorter, or — on Windows — the
+/// datagram was cut). Returns how many
 /// were read: fewer than asked means the socket was drained. `WouldBlock`
 /// when none waited; other errors are the socket's (an ICMP report for
-/// an earlier send, on a connected socket).
+/// an earlier send, on a connected socket). The socket must be
+/// non-blocking (a runtime's are) where there is no `recvmmsg`.
 pub fn recv_batch(
     sock: &socket2::Socket,
     bufs: &mut [Vec<u8>],
@@ -80,6 +82,7 @@ mod tests {
     fn reads_what_waits_and_says_when_drained() {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_nonblocking(true).unwrap();
         let to = rx.local_addr().unwrap();
         let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| Vec::with_capacity(8)).collect();
         let mut from = [None; 4];
@@ -97,10 +100,14 @@ mod tests {
         assert_eq!(bufs[1], b"two!");
         assert_eq!(bufs[2], b"longer t", "cut at the capacity");
         assert_eq!(from[0], Some(tx.local_addr().unwrap()));
-        assert_eq!(from[2], Some(tx.local_addr().unwrap()));
+        // Windows reports a cut datagram as an error, without its source.
+        if !cfg!(windows) {
+            assert_eq!(from[2], Some(tx.local_addr().unwrap()));
+        }
         let v6 = UdpSocket::bind("[::1]:0");
         if let Ok(rx6) = v6 {
             let tx6 = UdpSocket::bind("[::1]:0").unwrap();
+            rx6.set_nonblocking(true).unwrap();
             tx6.send_to(b"six", rx6.local_addr().unwrap()).unwrap();
             std::thread::sleep(std::time::Duration::from_millis(20));
             assert_eq!(

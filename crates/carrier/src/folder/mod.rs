@@ -121,7 +121,7 @@ impl std::str::FromStr for FolderUrl {
             }
         }
         Ok(FolderUrl {
-            dir: PathBuf::from(path),
+            dir: crate::sys::folder_path(path),
             poll,
             tls,
         })
@@ -140,7 +140,8 @@ impl FolderUrl {
         // symbolic link may make it mean something else).
         let abs: PathBuf = abs.components().collect();
         let mut out = String::from("dir://");
-        let bytes = abs.as_os_str().as_encoded_bytes();
+        let spelled = crate::sys::folder_url_path(&abs);
+        let bytes = spelled.as_encoded_bytes();
         for chunk in bytes.utf8_chunks() {
             for c in chunk.valid().chars() {
                 if c.is_whitespace() || c.is_control() || c == '%' {
@@ -174,13 +175,15 @@ impl FolderUrl {
                 i += 1;
             }
         }
-        crate::sys::os_string(out).map(PathBuf::from)
+        let spelled = crate::sys::os_string(out)?;
+        Some(crate::sys::folder_path(spelled.to_str()?))
     }
 }
 
 impl fmt::Display for FolderUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "dir://{}", self.dir.display())?;
+        let spelled = crate::sys::folder_url_path(&self.dir);
+        write!(f, "dir://{}", spelled.to_string_lossy())?;
         match (self.poll, self.tls) {
             (PollMode::Auto, true) => Ok(()),
             (PollMode::Auto, false) => write!(f, "?tls=off"),

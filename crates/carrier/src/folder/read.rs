@@ -150,9 +150,10 @@ impl ReadCursor {
                         out.extend_from_slice(payload);
                         continue;
                     }
-                    // NEXT or END: this segment is read.
-                    let _ = std::fs::remove_file(&path);
+                    // NEXT or END: this segment is read. Closed before it
+                    // is removed: Windows keeps an open file's name.
                     self.file = None;
+                    let _ = std::fs::remove_file(&path);
                     if kind == Kind::End {
                         return Ok(Step::End);
                     }
@@ -194,7 +195,8 @@ impl ReadCursor {
     }
 
     /// Removes the segment being read: read, or given up on.
-    fn remove_current(&self) {
+    fn remove_current(&mut self) {
+        self.file = None;
         let _ = std::fs::remove_file(self.files.path(self.seg));
     }
 }
@@ -513,7 +515,7 @@ impl AsyncRead for FolderRead {
 
 impl Drop for FolderRead {
     fn drop(&mut self) {
-        match &self.side {
+        match &mut self.side {
             Side::Inline(inline) => inline.cursor.remove_current(),
             Side::Thread(sh) => {
                 lock(&sh.st).dropped = true;

@@ -31,7 +31,9 @@ struct OutState {
 
 /// Where the next record goes.
 struct FileState {
-    file: File,
+    /// None once the stream has ended: closed before waiting for the
+    /// reader to remove it (Windows keeps an open file's name).
+    file: Option<File>,
     seg: u64,
     off: u64,
     seq: u64,
@@ -45,7 +47,8 @@ impl FileState {
         let (hdr, payload) = self.rec.split_at_mut(HEADER);
         let hdr: &mut [u8; HEADER] = hdr.try_into().map_err(io::Error::other)?;
         record::encode_header(kind, self.seq, &payload[..len], hdr);
-        crate::sys::write_all_at(&self.file, &self.rec[..HEADER + len], self.off)
+        let file = self.file.as_ref().ok_or_else(closed)?;
+        crate::sys::write_all_at(file, &self.rec[..HEADER + len], self.off)
             .map_err(|e| files.err("cannot write", self.seg, e))?;
         self.seq += 1;
         self.off += (HEADER + len) as u64;
@@ -82,7 +85,7 @@ pub fn start_writer(files: StreamFiles, first: File) -> io::Result<FolderWrite> 
     let sh = Arc::new(WriterShared {
         st: Mutex::default(),
         file: Mutex::new(FileState {
-            file: first,
+            file: Some(first),
             seg: 0,
             off: 0,
             seq: 0,
@@ -117,7 +120,8 @@ pub fn start_writer(files: StreamFiles, first: File) -> io::Result<FolderWrite> 
             // leave it behind. A stream that carried nothing but its END (a
             // carrier refused at once) has nothing to wait for.
             let (carried, seg) = {
-                let fs = lock(&s2.file);
+                let mut fs = lock(&s2.file);
+                fs.file = None;
                 (fs.seq > 1, fs.seg)
             };
             if clean && carried {
@@ -196,10 +200,10 @@ fn write_loop(sh: &WriterShared) -> io::Result<()> {
             }
             let next = create_segment(files, fs.seg + 1)?;
             let mark = record::encode(Kind::Next, fs.seq, &[]);
-            crate::sys::write_all_at(&fs.file, &mark, fs.off)
+            crate::sys::write_all_at(fs.file.as_ref().ok_or_else(closed)?, &mark, fs.off)
                 .map_err(|e| files.err("cannot write", fs.seg, e))?;
             fs.seq += 1;
-            (fs.file, fs.seg, fs.off) = (next, fs.seg + 1, 0);
+            (fs.file, fs.seg, fs.off) = (Some(next), fs.seg + 1, 0);
         }
         fs.append(files, kind, len)?;
         drop(fs);

@@ -321,10 +321,59 @@ pub fn shell(command: &str) -> tokio::process::Command {
     c
 }
 
+/// The folder a `dir://` URL's path names: the path as written.
+pub fn folder_path(url_path: &str) -> std::path::PathBuf {
+    url_path.into()
+}
+
+/// A folder's path as a `dir://` URL spells it.
+pub fn folder_url_path(path: &Path) -> OsString {
+    path.as_os_str().to_owned()
+}
+
 /// A path from the bytes [`crate::folder::FolderUrl::identity`] encoded:
 /// any bytes are a Unix path.
 pub fn os_string(bytes: Vec<u8>) -> Option<OsString> {
     Some(std::os::unix::ffi::OsStringExt::from_vec(bytes))
+}
+
+/// The kernel aborts a connection whose sent data stays unacknowledged
+/// this long (Linux's TCP_USER_TIMEOUT; other Unixes keep their default).
+pub fn set_user_timeout(sock: &socket2::Socket, d: std::time::Duration) -> io::Result<()> {
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
+    return sock.set_tcp_user_timeout(Some(d));
+    #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "fuchsia")))]
+    {
+        let _ = (sock, d);
+        Ok(())
+    }
+}
+
+/// Chooses the socket's congestion control.
+pub fn set_congestion(sock: &socket2::Socket, algo: &str) -> io::Result<()> {
+    #[cfg(any(target_os = "linux", target_os = "freebsd"))]
+    return sock.set_tcp_congestion(algo.as_bytes()).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "congestion control '{algo}' unavailable ({e}); see /proc/sys/net/ipv4/tcp_available_congestion_control"
+            ),
+        )
+    });
+    #[cfg(not(any(target_os = "linux", target_os = "freebsd")))]
+    {
+        let _ = sock;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("congestion control '{algo}': this system does not let a program choose one"),
+        ))
+    }
+}
+
+/// SO_REUSEADDR: a listener's port is free again while connections of
+/// the process before linger in TIME_WAIT.
+pub fn rebind_at_once(sock: &socket2::Socket) -> io::Result<()> {
+    sock.set_reuse_address(true)
 }
 
 /// Unix cuts a long datagram without an error.

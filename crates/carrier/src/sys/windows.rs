@@ -44,14 +44,49 @@ pub fn poll_writable(sock: &socket2::Socket) -> io::Result<bool> {
     // call; a zero timeout never blocks.
     let rc = unsafe { WinSock::WSAPoll(fds.as_mut_ptr(), 1, 0) };
     if rc < 0 {
-        return Err(io::Error::from_raw_os_error(
-            // SAFETY: reads the calling thread's last socket error.
-            unsafe { WinSock::WSAGetLastError() },
-        ));
+        return Err(last_socket_error());
     }
     // An error or hang-up counts as writable: the next write reports it.
     let ready = WinSock::POLLWRNORM | WinSock::POLLERR | WinSock::POLLHUP;
     Ok(fds[0].revents & ready != 0)
+}
+
+/// TCP_MAXRT: the connection is aborted when a retransmission goes
+/// unanswered this long (whole seconds).
+pub fn set_user_timeout(sock: &socket2::Socket, d: std::time::Duration) -> io::Result<()> {
+    let secs: u32 = d.as_secs().clamp(1, u32::MAX as u64) as u32;
+    // SAFETY: passes a live u32 and its size; the call only reads it.
+    let rc = unsafe {
+        WinSock::setsockopt(
+            sock.as_raw_socket() as WinSock::SOCKET,
+            WinSock::IPPROTO_TCP,
+            WinSock::TCP_MAXRT,
+            (&secs as *const u32).cast(),
+            std::mem::size_of::<u32>() as i32,
+        )
+    };
+    if rc != 0 {
+        return Err(last_socket_error());
+    }
+    Ok(())
+}
+
+pub fn set_congestion(_: &socket2::Socket, algo: &str) -> io::Result<()> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("congestion control '{algo}': Windows does not let a program choose one"),
+    ))
+}
+
+/// Nothing: Windows lets a listener bind while old connections linger,
+/// and SO_REUSEADDR there would let another program take the port.
+pub fn rebind_at_once(_: &socket2::Socket) -> io::Result<()> {
+    Ok(())
+}
+
+fn last_socket_error() -> io::Error {
+    // SAFETY: reads the calling thread's last socket error.
+    io::Error::from_raw_os_error(unsafe { WinSock::WSAGetLastError() })
 }
 
 /// WSAEMSGSIZE: the datagram was longer than the buffer, which holds its
@@ -113,6 +148,49 @@ pub fn shell(command: &str) -> tokio::process::Command {
     let mut c = tokio::process::Command::new("cmd");
     c.arg("/C").arg(command);
     c
+}
+
+/// The folder a `dir://` URL's path names: `/C:/share/tunnel` (or
+/// `C:/share/tunnel`, `C:\share\tunnel`) is `C:\share\tunnel`;
+/// `server/share/tunnel` is the share `\\server\share\tunnel`; `./x`
+/// is relative.
+pub fn folder_path(url_path: &str) -> std::path::PathBuf {
+    let p = url_path.replace('/', "\\");
+    let drive = |s: &str| {
+        let b = s.as_bytes();
+        b.len() >= 2 && b[0].is_ascii_alphabetic() && b[1] == b':'
+    };
+    if let Some(rest) = p.strip_prefix('\\').filter(|r| drive(r)) {
+        return rest.into();
+    }
+    if drive(&p) || p.starts_with('\\') || p.starts_with('.') {
+        return p.into();
+    }
+    format!("\\\\{p}").into()
+}
+
+/// A folder's path as a `dir://` URL spells it: `/C:/share/tunnel`,
+/// `server/share/tunnel` for a share, `./x` for a relative path.
+pub fn folder_url_path(path: &Path) -> OsString {
+    let s = path.as_os_str().to_string_lossy().replace('\\', "/");
+    let s = if let Some(r) = s.strip_prefix("//?/UNC/") {
+        format!("//{r}")
+    } else if let Some(r) = s.strip_prefix("//?/") {
+        r.to_string()
+    } else {
+        s
+    };
+    let b = s.as_bytes();
+    let spelled = if let Some(unc) = s.strip_prefix("//") {
+        unc.to_string()
+    } else if b.len() >= 2 && b[0].is_ascii_alphabetic() && b[1] == b':' {
+        format!("/{s}")
+    } else if s.starts_with('/') || s.starts_with('.') {
+        s
+    } else {
+        format!("./{s}")
+    };
+    spelled.into()
 }
 
 /// A path from the bytes [`crate::folder::FolderUrl::identity`] encoded:

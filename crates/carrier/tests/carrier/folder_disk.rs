@@ -71,7 +71,12 @@ async fn disk_use_stays_within_two_segments_per_direction() {
     drop(writer.await.unwrap());
     drop(server);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(dir.bytes(), 0, "files left behind");
+    let left: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .flatten()
+        .map(|e| (e.file_name(), e.metadata().map(|m| m.len()).ok()))
+        .collect();
+    assert_eq!(dir.bytes(), 0, "files left behind: {left:?}");
 }
 
 /// A tmpfs of `size` mounted at a fresh directory (root only), unmounted
