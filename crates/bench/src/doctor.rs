@@ -255,8 +255,8 @@ pub async fn run(session: &SessionHandle, o: &DoctorOptions) -> anyhow::Result<D
 }
 
 type Halves = (
-    BufReader<tokio::net::unix::OwnedReadHalf>,
-    tokio::net::unix::OwnedWriteHalf,
+    BufReader<tokio::net::tcp::OwnedReadHalf>,
+    tokio::net::tcp::OwnedWriteHalf,
 );
 
 async fn open(session: &SessionHandle) -> anyhow::Result<Halves> {
@@ -267,7 +267,7 @@ async fn open(session: &SessionHandle) -> anyhow::Result<Halves> {
     let (ours, theirs) = LocalStream::pair()?;
     opened.attach(ours);
     theirs.set_nonblocking(true)?;
-    let (r, w) = tokio::net::UnixStream::from_std(theirs)?.into_split();
+    let (r, w) = tokio::net::TcpStream::from_std(theirs)?.into_split();
     Ok((BufReader::new(r), w))
 }
 

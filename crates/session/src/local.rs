@@ -1,5 +1,5 @@
-//! The local end of a stream: a TCP connection (forwards, targets), one
-//! end of a Unix socket pair, or an in-process pipe to a service that runs
+//! The local end of a stream: a TCP connection (forwards, targets, one end
+//! of a loopback pair), a UDP flow's socket, or an in-process pipe to a service that runs
 //! on plain blocking I/O (the file service; see [`crate::pipe`]).
 
 use std::future::Future;
@@ -9,13 +9,12 @@ use bytes::BufMut;
 use std::task::Poll;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{tcp, unix, TcpStream, UnixStream};
+use tokio::net::{tcp, TcpStream};
 
 /// What a stream's pumps relay to.
 #[derive(Debug)]
 pub enum LocalStream {
     Tcp(TcpStream),
-    Unix(UnixStream),
     Service(crate::pipe::PumpEnd),
     /// A UDP socket `connect`ed to a flow's destination.
     Udp(tokio::net::UdpSocket),
@@ -34,19 +33,31 @@ impl From<TcpStream> for LocalStream {
     }
 }
 
-impl From<UnixStream> for LocalStream {
-    fn from(s: UnixStream) -> LocalStream {
-        LocalStream::Unix(s)
-    }
-}
+/// Connections a [`LocalStream::pair`] turns away before giving up.
+const PAIR_ACCEPTS: usize = 64;
 
 impl LocalStream {
-    /// A connected pair: the first end for a stream's pumps, the second
-    /// (blocking) for the in-process service. Must run inside the runtime.
-    pub fn pair() -> io::Result<(LocalStream, std::os::unix::net::UnixStream)> {
-        let (a, b) = std::os::unix::net::UnixStream::pair()?;
-        a.set_nonblocking(true)?;
-        Ok((LocalStream::Unix(UnixStream::from_std(a)?), b))
+    /// A connected pair over loopback TCP (a socket pair every system
+    /// has): the first end for a stream's pumps, the second (blocking, no
+    /// Nagle) for an in-process service. Must run inside the runtime.
+    pub fn pair() -> io::Result<(LocalStream, std::net::TcpStream)> {
+        let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
+        let ours = std::net::TcpStream::connect(listener.local_addr()?)?;
+        let want = ours.local_addr()?;
+        // Another local program may connect to the listener in the moment
+        // it exists: only our own connection is taken (it is queued
+        // already, so the accepts do not wait), for a bounded number.
+        for _ in 0..PAIR_ACCEPTS {
+            let (theirs, from) = listener.accept()?;
+            if from == want {
+                theirs.set_nodelay(true)?;
+                ours.set_nonblocking(true)?;
+                return Ok((LocalStream::Tcp(TcpStream::from_std(ours)?), theirs));
+            }
+        }
+        Err(io::Error::other(
+            "a local socket pair: other programs kept connecting to its listener",
+        ))
     }
 
     /// An in-process pipe: the first end for a stream's pumps, the second
@@ -141,8 +152,6 @@ local_halves!(
     // The send buffer's queued memory: unsent plus unacknowledged.
     |w| longhaul_carrier::send_space(&socket2::SockRef::from(w.as_ref())).map_or(0, |s| s.queued)
 );
-// A Unix socket has no reset: the service sees the close.
-local_halves!(unix::OwnedReadHalf, unix::OwnedWriteHalf, drop, |_| 0);
 
 #[cfg(test)]
 mod tests {

@@ -65,10 +65,14 @@ pub fn set_user_timeout(sock: &socket2::Socket, d: std::time::Duration) -> io::R
             std::mem::size_of::<u32>() as i32,
         )
     };
-    if rc != 0 {
-        return Err(last_socket_error());
+    match rc {
+        0 => Ok(()),
+        // Systems without it (Wine) keep their own retransmission limit.
+        _ => match last_socket_error() {
+            e if e.raw_os_error() == Some(WinSock::WSAENOPROTOOPT) => Ok(()),
+            e => Err(e),
+        },
     }
-    Ok(())
 }
 
 pub fn set_congestion(_: &socket2::Socket, algo: &str) -> io::Result<()> {

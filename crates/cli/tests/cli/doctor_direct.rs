@@ -11,10 +11,10 @@ use common::*;
 use longhaul_forward::client::{Client, ClientConfig};
 use longhaul_session::LocalStream;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpSocket, UnixStream};
+use tokio::net::{TcpSocket, TcpStream};
 
 /// A doctor stream over `url`, and its answer to `DIRECT 3`.
-async fn ask_direct(url: &str) -> (Client, BufReader<UnixStream>, String) {
+async fn ask_direct(url: &str) -> (Client, BufReader<TcpStream>, String) {
     let mut cfg = ClientConfig::new(url.parse().unwrap());
     cfg.insecure = true;
     cfg.reconnect = false;
@@ -23,7 +23,7 @@ async fn ask_direct(url: &str) -> (Client, BufReader<UnixStream>, String) {
     let (ours, theirs) = LocalStream::pair().unwrap();
     opened.attach(ours);
     theirs.set_nonblocking(true).unwrap();
-    let mut sock = BufReader::new(UnixStream::from_std(theirs).unwrap());
+    let mut sock = BufReader::new(TcpStream::from_std(theirs).unwrap());
     sock.get_mut().write_all(b"DIRECT 3\n").await.unwrap();
     let mut line = String::new();
     tokio::time::timeout(Duration::from_secs(10), sock.read_line(&mut line))
