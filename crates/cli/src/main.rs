@@ -7,10 +7,12 @@ mod bench_args;
 mod config;
 mod conn_args;
 mod connect;
+#[cfg(unix)]
 mod cp;
 mod install;
 mod reload;
 mod serve;
+mod sys;
 mod values;
 
 use std::process::ExitCode;
@@ -122,7 +124,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Server(a) => serve::server(a).await,
         Cmd::Client(a) => client(a).await,
-        Cmd::Cp(a) => cp::run(a).await,
+        Cmd::Cp(a) => sys::cp(a).await,
         Cmd::Status(a) => status(a).await,
         Cmd::Doctor(a) => doctor(a).await,
         Cmd::Keygen(k) => {
@@ -352,31 +354,14 @@ async fn status(a: args::StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Ctrl-C or SIGTERM (what `kill` and service managers send).
-pub(crate) async fn stop_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            tracing::info!("stop signal received");
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-    tracing::info!("stop signal received");
-}
+pub(crate) use sys::stop_signal;
 
 async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     // A terminal closing, or a habit from the server's reload, must not
     // kill a client by surprise.
-    #[cfg(unix)]
-    if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+    if let Ok(mut hup) = sys::Hangups::watch() {
         tokio::spawn(async move {
-            while hup.recv().await.is_some() {
+            while hup.next().await.is_some() {
                 tracing::info!(
                     "SIGHUP ignored: a client has nothing to reload (restart it to change its forwards)"
                 );
@@ -517,9 +502,7 @@ fn netem(n: NetemArgs) -> anyhow::Result<()> {
             let side = side.chars().next().unwrap_or('a');
             // Become the command (via `ip netns exec`), so its PID is ours
             // and signals sent to us reach it; returns only on failure.
-            let err = std::os::unix::process::CommandExt::exec(&mut ne::exec_command(
-                &n.name, side, &cmd,
-            )?);
+            let err = sys::become_command(&mut ne::exec_command(&n.name, side, &cmd)?);
             anyhow::bail!("cannot run {:?} in side {side}: {err}", cmd.join(" "))
         }
         NetemCmd::Daemon { config } => {

@@ -56,11 +56,11 @@ pub(crate) fn fixed(a: &ServerArgs) -> Vec<(&'static str, String)> {
 /// changed that a reload cannot apply (`running`: as the server runs) is
 /// named in one line.
 pub(crate) async fn on_hangup(reloader: Reloader, running: Vec<(&'static str, String)>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
-        return tracing::warn!("cannot watch for SIGHUP: no reloads");
+    let mut hup = match crate::sys::Hangups::watch() {
+        Ok(h) => h,
+        Err(e) => return tracing::warn!("cannot watch for SIGHUP ({e}): no reloads"),
     };
-    while hup.recv().await.is_some() {
+    while hup.next().await.is_some() {
         match reread() {
             Ok((p, a)) => {
                 let ended = reloader.reload(p);

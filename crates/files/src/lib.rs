@@ -12,15 +12,31 @@
 //! both sides agree on ([`client`]). The wire format is in [`wire`].
 #![forbid(unsafe_code)]
 
+// Every path is resolved beneath the served folder with POSIX `*at` calls
+// (openat2 on Linux); their Windows counterparts (Windows' name rules,
+// cap-std) are not written yet, and there `cp` and `--files` say so.
+#[cfg(unix)]
 pub mod client;
+#[cfg(unix)]
 pub mod list;
+#[cfg(unix)]
 pub mod local;
+#[cfg(unix)]
 pub mod part;
+#[cfg(unix)]
 pub mod plan;
+#[cfg(unix)]
 pub mod progress;
+#[cfg(unix)]
 pub mod root;
+#[cfg(unix)]
 pub mod serve;
+#[cfg(unix)]
 pub mod transfer;
+#[cfg(not(unix))]
+mod unbuilt;
+#[cfg(not(unix))]
+pub use unbuilt::*;
 pub mod wire;
 
 /// The destination a client opens for the file service.
@@ -45,6 +61,7 @@ impl std::str::FromStr for Access {
 }
 
 /// The soft limit on open files now (None: unlimited).
+#[cfg(unix)]
 pub fn open_files_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
@@ -55,6 +72,7 @@ pub fn open_files_limit() -> Option<u64> {
 /// long before memory or the other bounds. Returns the soft limit before
 /// and after. A hard limit of "unlimited" is taken as `fs.nr_open` (above
 /// which the kernel refuses; 2²⁰, its default, if it cannot be read).
+#[cfg(unix)]
 pub fn raise_nofile_limit() -> std::io::Result<(u64, u64)> {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let now = getrlimit(Resource::Nofile);
@@ -76,7 +94,7 @@ pub fn raise_nofile_limit() -> std::io::Result<(u64, u64)> {
     Ok((before, want))
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     #[test]
     fn the_open_files_limit_is_raised_to_the_hard_one() {

@@ -35,6 +35,7 @@ mod sessions;
 pub mod socks5;
 pub mod spec;
 pub mod status;
+mod sys;
 mod udp;
 
 pub use client::{Client, ClientConfig};

@@ -85,9 +85,8 @@ impl Default for ServerConfig {
 /// This machine's host name as an instance name (None if it cannot be
 /// one: see `longhaul_proto::resume::instance::valid`).
 pub fn host_instance() -> Option<String> {
-    let uname = rustix::system::uname();
-    let name = uname.nodename().to_str().ok()?;
-    longhaul_proto::resume::instance::valid(name).then(|| name.to_owned())
+    let name = crate::sys::host_name()?;
+    longhaul_proto::resume::instance::valid(&name).then_some(name)
 }
 
 impl ServerConfig {

@@ -445,7 +445,7 @@ pub fn up(cfg: &NetemConfig, exe: &std::path::Path) -> anyhow::Result<()> {
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    sys::own_process_group(&mut cmd);
     let mut child = cmd.spawn().context("cannot start the netem daemon")?;
     std::fs::write(dir.join("pid"), child.id().to_string())?;
     let t0 = Instant::now();

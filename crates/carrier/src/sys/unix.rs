@@ -11,6 +11,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 #[cfg(target_os = "linux")]
 use std::mem::MaybeUninit;
+#[cfg(target_os = "linux")]
 use std::net::SocketAddr;
 #[cfg(target_os = "linux")]
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};

@@ -92,3 +92,9 @@ pub fn has_net_admin() -> bool {
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .is_some_and(|caps| caps & (1 << 12) != 0)
 }
+
+/// The daemon leaves the caller's process group (a Ctrl-C there does not
+/// take the emulator down with it).
+pub fn own_process_group(cmd: &mut std::process::Command) {
+    std::os::unix::process::CommandExt::process_group(cmd, 0);
+}

@@ -1,0 +1,41 @@
+//! Unix: SIGTERM and SIGHUP, `exec`.
+
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Ctrl-C or SIGTERM (what `kill` and service managers send).
+pub(crate) async fn stop_signal() {
+    if let Ok(mut term) = signal(SignalKind::terminate()) {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    } else {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("stop signal received");
+}
+
+/// Each SIGHUP, as it comes (a server's reload; a client's closed
+/// terminal).
+pub(crate) struct Hangups(tokio::signal::unix::Signal);
+
+impl Hangups {
+    pub(crate) fn watch() -> std::io::Result<Hangups> {
+        signal(SignalKind::hangup()).map(Hangups)
+    }
+
+    pub(crate) async fn next(&mut self) -> Option<()> {
+        self.0.recv().await
+    }
+}
+
+/// Becomes `cmd` (so its PID is ours and signals sent to us reach it);
+/// returns only on failure.
+pub(crate) fn become_command(cmd: &mut std::process::Command) -> std::io::Error {
+    std::os::unix::process::CommandExt::exec(cmd)
+}
+
+/// `longhaul cp`.
+pub(crate) async fn cp(a: crate::args::CpArgs) -> anyhow::Result<()> {
+    crate::cp::run(a).await
+}
