@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Cross-builds the crates that build for Windows so far and runs their
-# tests under Wine (packages: .ci/setup-windows). Wine is not Windows:
-# functional tests only, no timings.
+# Cross-builds longhaul for Windows, runs the tests of the crates ported so
+# far under Wine, then the Windows longhaul.exe against the Linux one as
+# real processes (interop.py). Packages: .ci/setup-windows. Wine is not
+# Windows: functional tests only, no timings.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+linux=target/debug/longhaul
+# The Linux binary the README's test command built (or build it).
+[ -x "$linux" ] || cargo build -p longhaul
 source scripts/windows/env.sh
 WINEPREFIX="$(bash scripts/windows/wine_prefix.sh)"
 export WINEPREFIX
 trap 'wineserver -k 2>/dev/null || true' EXIT
 crates=(-p longhaul-proto -p longhaul-carrier -p longhaul-session)
 /usr/bin/cargo test "${crates[@]}" "${LONGHAUL_WINDOWS_TARGET[@]}" "$@"
+/usr/bin/cargo build -p longhaul "${LONGHAUL_WINDOWS_TARGET[@]}"
+python3 scripts/windows/interop.py "$linux" target/windows/x86_64-pc-windows-gnu/debug/longhaul.exe

@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""A Windows longhaul (under Wine) with a Linux one, as real processes on
+loopback: bytes compared end to end each way, SOCKS5 with curl, a wrong pin
+refused, a UDP forward, and the folder carrier between a Windows process and
+a Linux process on one folder (seed 000's host and VM).
+
+Usage: interop.py LINUX_LONGHAUL WINDOWS_LONGHAUL_EXE
+Needs WINEPREFIX set (scripts/windows/wine_prefix.sh). Every process it
+starts is stopped by PID; nothing listens beyond 127.0.0.1.
+"""
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+LINUX, WINDOWS = sys.argv[1], sys.argv[2]
+TOKEN = "interop-" + os.urandom(8).hex()
+started = []
+failures = []
+
+
+def free_port(kind=socket.SOCK_STREAM):
+    s = socket.socket(socket.AF_INET, kind)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start(args, windows=False, log=None):
+    cmd = (["wine", WINDOWS] if windows else [LINUX]) + args
+    env = dict(os.environ, LONGHAUL_TOKEN=TOKEN, WINEDEBUG="-all")
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    started.append(p)
+    return p
+
+
+def stop(p):
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def echo_server():
+    """A TCP echo target on Linux; returns its port."""
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(16)
+
+    def serve(c):
+        with c:
+            while True:
+                b = c.recv(65536)
+                if not b:
+                    break
+                c.sendall(b)
+
+    def run():
+        while True:
+            c, _ = ls.accept()
+            threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+    threading.Thread(target=run, daemon=True).start()
+    return ls.getsockname()[1]
+
+
+def udp_echo():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+
+    def run():
+        while True:
+            b, a = s.recvfrom(65536)
+            s.sendto(b, a)
+
+    threading.Thread(target=run, daemon=True).start()
+    return s.getsockname()[1]
+
+
+def wait_port(port, secs=60):
+    end = time.time() + secs
+    while time.time() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def echo_through(port, size=8 << 20):
+    """Sends `size` random bytes to an echo behind `port` and compares."""
+    data = os.urandom(size)
+    got = bytearray()
+    with socket.create_connection(("127.0.0.1", port), 30) as s:
+        s.settimeout(60)
+
+        def send():
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+
+        t = threading.Thread(target=send)
+        t.start()
+        while True:
+            b = s.recv(1 << 20)
+            if not b:
+                break
+            got += b
+        t.join()
+    return hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
+
+
+def check(name, ok, detail=""):
+    print(("ok   " if ok else "FAIL ") + name + ("" if ok else ": " + detail), flush=True)
+    if not ok:
+        failures.append(name)
+
+
+def main():
+    work = tempfile.mkdtemp(prefix="lh-interop-")
+    logs = {}
+
+    def log(name):
+        logs[name] = open(os.path.join(work, name + ".log"), "w+")
+        return logs[name]
+
+    def text(name):
+        logs[name].flush()
+        with open(os.path.join(work, name + ".log")) as f:
+            return f.read()
+
+    try:
+        subprocess.run([LINUX, "keygen", "--out", os.path.join(work, "server.key")],
+                       check=True, capture_output=True)
+        pin = subprocess.run([LINUX, "fingerprint", os.path.join(work, "server.key")],
+                             check=True, capture_output=True, text=True).stdout.strip()
+        target, udp_target = echo_server(), udp_echo()
+        allow = ["--allow", f"127.0.0.1:{target}", "--allow", f"udp:127.0.0.1:{udp_target}"]
+
+        # A Windows client with a Linux server.
+        sport = free_port()
+        srv = start(["server", "--listen", f"127.0.0.1:{sport}", "--key",
+                     os.path.join(work, "server.key")] + allow, log=log("linux-server"))
+        wait_port(sport)
+        lport, socks, uport = free_port(), free_port(), free_port(socket.SOCK_DGRAM)
+        cli = start(["client", f"127.0.0.1:{sport}", "--pin", pin,
+                     "-L", f"{lport}:127.0.0.1:{target}",
+                     "-L", f"udp:{uport}:127.0.0.1:{udp_target}",
+                     "-D", str(socks)], windows=True, log=log("windows-client"))
+        up = wait_port(lport, 90)
+        check("windows client: -L up", up, text("windows-client")[-2000:])
+        if up:
+            check("windows client: -L bytes compared", echo_through(lport))
+            r = subprocess.run(["curl", "-s", "--http0.9", "--max-time", "30", "--socks5-hostname",
+                                f"127.0.0.1:{socks}", f"http://127.0.0.1:{target}/x"],
+                               capture_output=True)
+            # The echo target sends the request back: curl sees its own GET.
+            check("windows client: SOCKS5 with curl", b"GET /x" in r.stdout, repr(r.stdout[:200]))
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            u.settimeout(2)
+            got = None
+            for _ in range(10):
+                u.sendto(b"ping-udp", ("127.0.0.1", uport))
+                try:
+                    got = u.recvfrom(100)[0]
+                    break
+                except OSError:
+                    pass
+            check("windows client: UDP forward", got == b"ping-udp", repr(got))
+        stop(cli)
+        wrong = "SHA256:" + "A" * 43
+        r = subprocess.run(["wine", WINDOWS, "client", f"127.0.0.1:{sport}", "--pin", wrong,
+                            "-L", f"{free_port()}:127.0.0.1:{target}"],
+                           capture_output=True, text=True, timeout=90,
+                           env=dict(os.environ, LONGHAUL_TOKEN=TOKEN, WINEDEBUG="-all"))
+        check("windows client: a wrong pin is refused",
+              r.returncode != 0 and "pin" in (r.stdout + r.stderr).lower(),
+              (r.stdout + r.stderr)[-500:])
+        stop(srv)
+
+        # A Linux client with a Windows server.
+        sport = free_port()
+        wsrv = start(["server", "--listen", f"127.0.0.1:{sport}", "--key",
+                      os.path.join(work, "server.key")] + allow,
+                     windows=True, log=log("windows-server"))
+        up = wait_port(sport, 90)
+        check("windows server: listening", up, text("windows-server")[-2000:])
+        lport = free_port()
+        cli = start(["client", f"127.0.0.1:{sport}", "--pin", pin,
+                     "-L", f"{lport}:127.0.0.1:{target}"], log=log("linux-client"))
+        if up and wait_port(lport, 60):
+            check("windows server: -L bytes compared", echo_through(lport))
+        else:
+            check("windows server: -L up", False, text("linux-client")[-2000:])
+        stop(cli)
+        stop(wsrv)
+
+        # The folder carrier: a Linux server and a Windows client on one
+        # folder (Wine sees this machine's / as Z:).
+        folder = os.path.join(work, "share")
+        os.mkdir(folder)
+        fsrv = start(["server", "--listen", f"dir://{folder}", "--key",
+                      os.path.join(work, "server.key")] + allow, log=log("folder-server"))
+        time.sleep(2)
+        lport = free_port()
+        winfolder = "/Z:" + folder
+        fcli = start(["client", f"dir://{winfolder}", "--pin", pin,
+                      "-L", f"{lport}:127.0.0.1:{target}"], windows=True, log=log("folder-client"))
+        up = wait_port(lport, 90)
+        check("folder carrier (Windows client, Linux server): -L up", up,
+              text("folder-client")[-2000:] + text("folder-server")[-1000:])
+        if up:
+            check("folder carrier (Windows client, Linux server): bytes compared",
+                  echo_through(lport, 4 << 20))
+        stop(fcli)
+        stop(fsrv)
+    finally:
+        for p in started:
+            stop(p)
+        subprocess.run(["wineserver", "-k"], capture_output=True)
+        if failures:
+            for name, f in logs.items():
+                f.flush()
+                print(f"--- {name} log (end) ---")
+                print(text(name)[-3000:])
+        shutil.rmtree(work, ignore_errors=True)
+    if failures:
+        print(f"{len(failures)} interop check(s) failed: {', '.join(failures)}")
+        sys.exit(1)
+    print("all interop checks passed")
+
+
+if __name__ == "__main__":
+    main()
