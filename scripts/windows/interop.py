@@ -87,6 +87,58 @@ def udp_echo():
     return s.getsockname()[1]
 
 
+class Relay:
+    """A TCP relay in front of a server that can drop every connection it
+    holds at once with a reset (a dropped carrier)."""
+
+    def __init__(self, to_port):
+        self.ls = socket.socket()
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(16)
+        self.port = self.ls.getsockname()[1]
+        self.to_port = to_port
+        self.held = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self.run, daemon=True).start()
+
+    def run(self):
+        while True:
+            a, _ = self.ls.accept()
+            try:
+                b = socket.create_connection(("127.0.0.1", self.to_port), 10)
+            except OSError:
+                a.close()
+                continue
+            with self.lock:
+                self.held += [a, b]
+            for x, y in ((a, b), (b, a)):
+                threading.Thread(target=self.pipe, args=(x, y), daemon=True).start()
+
+    @staticmethod
+    def pipe(x, y):
+        try:
+            while True:
+                d = x.recv(65536)
+                if not d:
+                    y.shutdown(socket.SHUT_WR)
+                    return
+                y.sendall(d)
+        except OSError:
+            return
+
+    def reset(self):
+        import struct
+        with self.lock:
+            held, self.held = self.held, []
+        for c in held:
+            try:
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                c.close()
+            except OSError:
+                pass
+        return len(held)
+
+
 def wait_port(port, secs=60):
     end = time.time() + secs
     while time.time() < end:
@@ -98,15 +150,21 @@ def wait_port(port, secs=60):
     return False
 
 
-def echo_through(port, size=8 << 20):
-    """Sends `size` random bytes to an echo behind `port` and compares."""
+def echo_through(port, size=8 << 20, midway=None):
+    """Sends `size` random bytes to an echo behind `port` and compares;
+    `midway()` runs once half of them are sent."""
     data = os.urandom(size)
     got = bytearray()
     with socket.create_connection(("127.0.0.1", port), 30) as s:
         s.settimeout(60)
 
         def send():
-            s.sendall(data)
+            half = size // 2
+            s.sendall(data[:half])
+            if midway:
+                time.sleep(0.2)
+                midway()
+            s.sendall(data[half:])
             s.shutdown(socket.SHUT_WR)
 
         t = threading.Thread(target=send)
@@ -177,6 +235,22 @@ def main():
                 except OSError:
                     pass
             check("windows client: UDP forward", got == b"ping-udp", repr(got))
+        stop(cli)
+
+        # Resume: the carrier between the Windows client and the server is
+        # reset in the middle of a transfer; nothing is lost or doubled.
+        relay = Relay(sport)
+        lport = free_port()
+        cli = start(["client", f"127.0.0.1:{relay.port}", "--pin", pin,
+                     "-L", f"{lport}:127.0.0.1:{target}"], windows=True, log=log("resume-client"))
+        if wait_port(lport, 90):
+            resets = []
+            ok = echo_through(lport, 16 << 20, midway=lambda: resets.append(relay.reset()))
+            check("windows client: resume across a carrier reset, bytes compared",
+                  ok and resets and resets[0] > 0 and "resumed" in text("resume-client"),
+                  f"ok={ok} resets={resets} " + text("resume-client")[-1500:])
+        else:
+            check("windows client: resume (-L up)", False, text("resume-client")[-2000:])
         stop(cli)
         wrong = "SHA256:" + "A" * 43
         r = subprocess.run(["wine", WINDOWS, "client", f"127.0.0.1:{sport}", "--pin", wrong,
