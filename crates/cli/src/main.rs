@@ -307,6 +307,11 @@ pub(crate) fn control(
             tracing::debug!("control socket {}", path.display());
             Some(c)
         }
+        // Not built for this system: said, but nothing went wrong.
+        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+            tracing::info!("no control socket for 'longhaul status': {e}");
+            None
+        }
         Err(e) => {
             tracing::warn!(
                 "no control socket for 'longhaul status' at {}: {e}",

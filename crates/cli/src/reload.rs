@@ -58,6 +58,9 @@ pub(crate) fn fixed(a: &ServerArgs) -> Vec<(&'static str, String)> {
 pub(crate) async fn on_hangup(reloader: Reloader, running: Vec<(&'static str, String)>) {
     let mut hup = match crate::sys::Hangups::watch() {
         Ok(h) => h,
+        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+            return tracing::info!("{e}: no reloads by signal")
+        }
         Err(e) => return tracing::warn!("cannot watch for SIGHUP ({e}): no reloads"),
     };
     while hup.next().await.is_some() {
