@@ -255,8 +255,8 @@ pub async fn run(session: &SessionHandle, o: &DoctorOptions) -> anyhow::Result<D
 }
 
 type Halves = (
-    BufReader<tokio::net::tcp::OwnedReadHalf>,
-    tokio::net::tcp::OwnedWriteHalf,
+    BufReader<tokio::io::ReadHalf<longhaul_session::local::PairStream>>,
+    tokio::io::WriteHalf<longhaul_session::local::PairStream>,
 );
 
 async fn open(session: &SessionHandle) -> anyhow::Result<Halves> {
@@ -266,8 +266,7 @@ async fn open(session: &SessionHandle) -> anyhow::Result<Halves> {
         .map_err(|e| anyhow::anyhow!("the server refused the doctor: {e}"))?;
     let (ours, theirs) = LocalStream::pair()?;
     opened.attach(ours);
-    theirs.set_nonblocking(true)?;
-    let (r, w) = tokio::net::TcpStream::from_std(theirs)?.into_split();
+    let (r, w) = tokio::io::split(longhaul_session::local::pair_end_async(theirs)?);
     Ok((BufReader::new(r), w))
 }
 

@@ -34,6 +34,13 @@ pub fn recv_batch(
     crate::sys::recv_batch(sock, bufs, from)
 }
 
+/// Keeps ICMP errors (for earlier sends, or forged) from failing the
+/// receives of an unconnected socket that serves many senders: Windows
+/// reports them there unless told not to; Unix never does.
+pub fn ignore_icmp_resets(sock: &socket2::Socket) -> io::Result<()> {
+    crate::sys::udp_ignore_icmp_resets(sock)
+}
+
 /// [`recv_batch`] on a runtime's socket. A short batch also clears the
 /// runtime's readiness, so that the next wait starts at once instead of
 /// first finding the socket empty. `WouldBlock`: none waited.

@@ -7,7 +7,7 @@ mod bench_args;
 mod config;
 mod conn_args;
 mod connect;
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 mod cp;
 mod install;
 mod reload;

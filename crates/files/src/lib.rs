@@ -12,30 +12,31 @@
 //! both sides agree on ([`client`]). The wire format is in [`wire`].
 #![forbid(unsafe_code)]
 
-// Every path is resolved beneath the served folder with POSIX `*at` calls
-// (openat2 on Linux); their Windows counterparts (Windows' name rules,
-// cap-std) are not written yet, and there `cp` and `--files` say so.
-#[cfg(unix)]
+// Every path is resolved beneath the served folder with Linux's openat2 and
+// POSIX `*at` calls; their counterparts elsewhere (FreeBSD's and macOS's
+// beneath-flags, Windows' name rules; cap-std) are not written yet, and
+// there `cp` and `--files` say so.
+#[cfg(target_os = "linux")]
 pub mod client;
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 pub mod list;
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 pub mod local;
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 pub mod part;
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 pub mod plan;
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 pub mod progress;
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 pub mod root;
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 pub mod serve;
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 pub mod transfer;
-#[cfg(not(unix))]
+#[cfg(not(target_os = "linux"))]
 mod unbuilt;
-#[cfg(not(unix))]
+#[cfg(not(target_os = "linux"))]
 pub use unbuilt::*;
 pub mod wire;
 
@@ -61,7 +62,7 @@ impl std::str::FromStr for Access {
 }
 
 /// The soft limit on open files now (None: unlimited).
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 pub fn open_files_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
@@ -72,7 +73,7 @@ pub fn open_files_limit() -> Option<u64> {
 /// long before memory or the other bounds. Returns the soft limit before
 /// and after. A hard limit of "unlimited" is taken as `fs.nr_open` (above
 /// which the kernel refuses; 2²⁰, its default, if it cannot be read).
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 pub fn raise_nofile_limit() -> std::io::Result<(u64, u64)> {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let now = getrlimit(Resource::Nofile);
@@ -94,7 +95,7 @@ pub fn raise_nofile_limit() -> std::io::Result<(u64, u64)> {
     Ok((before, want))
 }
 
-#[cfg(all(test, unix))]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     #[test]
     fn the_open_files_limit_is_raised_to_the_hard_one() {

@@ -1,4 +1,4 @@
-//! Where the file service is not built yet (every system but Unix): the
+//! Where the file service is not built yet (every system but Linux): the
 //! server refuses `--files` and the client `cp`, each in one line.
 
 use std::io;

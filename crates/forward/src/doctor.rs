@@ -74,8 +74,7 @@ pub(crate) fn accept(ends: Option<Ends>) -> Result<LocalStream, String> {
         return Err(format!("doctor busy ({MAX_AT_ONCE} at once)"));
     }
     let r = LocalStream::pair().and_then(|(ours, theirs)| {
-        theirs.set_nonblocking(true)?;
-        let theirs = tokio::net::TcpStream::from_std(theirs)?;
+        let theirs = longhaul_session::local::pair_end_async(theirs)?;
         tokio::spawn(async move {
             let _ = serve(theirs, ends).await;
             BUSY.fetch_sub(1, Ordering::AcqRel);
@@ -88,7 +87,10 @@ pub(crate) fn accept(ends: Option<Ends>) -> Result<LocalStream, String> {
     })
 }
 
-async fn serve(sock: tokio::net::TcpStream, ends: Option<Ends>) -> std::io::Result<()> {
+async fn serve(
+    sock: longhaul_session::local::PairStream,
+    ends: Option<Ends>,
+) -> std::io::Result<()> {
     let (r, mut w) = sock.into_split();
     let mut r = BufReader::new(r);
     let mut line = String::new();

@@ -328,6 +328,7 @@ pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     // Best effort: smaller buffers only lose more under bursts.
     let _ = r.set_recv_buffer_size(LISTENER_BUFFERS);
     let _ = r.set_send_buffer_size(LISTENER_BUFFERS);
+    longhaul_carrier::udp_batch::ignore_icmp_resets(&r)?;
     s.set_nonblocking(true)?;
     UdpSocket::from_std(s)
 }

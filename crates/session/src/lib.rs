@@ -58,7 +58,7 @@ mod kex;
 mod lane_io;
 mod lanes;
 mod link;
-mod local;
+pub mod local;
 pub mod logs;
 mod pipe;
 mod pipe_pumps;
@@ -70,6 +70,7 @@ mod runtime;
 mod start;
 mod stream;
 mod stream_io;
+mod sys;
 mod tasks;
 mod writer;
 

@@ -1,5 +1,5 @@
-//! The local end of a stream: a TCP connection (forwards, targets, one end
-//! of a loopback pair), a UDP flow's socket, or an in-process pipe to a service that runs
+//! The local end of a stream: a TCP connection (forwards, targets), one
+//! end of a socket pair, a UDP flow's socket, or an in-process pipe to a service that runs
 //! on plain blocking I/O (the file service; see [`crate::pipe`]).
 
 use std::future::Future;
@@ -11,10 +11,14 @@ use std::task::Poll;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{tcp, TcpStream};
 
+pub use crate::sys::{pair_end_async, PairEnd, PairStream};
+
 /// What a stream's pumps relay to.
 #[derive(Debug)]
 pub enum LocalStream {
     Tcp(TcpStream),
+    /// The pumps' end of a [`LocalStream::pair`].
+    Pair(PairStream),
     Service(crate::pipe::PumpEnd),
     /// A UDP socket `connect`ed to a flow's destination.
     Udp(tokio::net::UdpSocket),
@@ -33,31 +37,13 @@ impl From<TcpStream> for LocalStream {
     }
 }
 
-/// Connections a [`LocalStream::pair`] turns away before giving up.
-const PAIR_ACCEPTS: usize = 64;
-
 impl LocalStream {
-    /// A connected pair over loopback TCP (a socket pair every system
-    /// has): the first end for a stream's pumps, the second (blocking, no
-    /// Nagle) for an in-process service. Must run inside the runtime.
-    pub fn pair() -> io::Result<(LocalStream, std::net::TcpStream)> {
-        let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
-        let ours = std::net::TcpStream::connect(listener.local_addr()?)?;
-        let want = ours.local_addr()?;
-        // Another local program may connect to the listener in the moment
-        // it exists: only our own connection is taken (it is queued
-        // already, so the accepts do not wait), for a bounded number.
-        for _ in 0..PAIR_ACCEPTS {
-            let (theirs, from) = listener.accept()?;
-            if from == want {
-                theirs.set_nodelay(true)?;
-                ours.set_nonblocking(true)?;
-                return Ok((LocalStream::Tcp(TcpStream::from_std(ours)?), theirs));
-            }
-        }
-        Err(io::Error::other(
-            "a local socket pair: other programs kept connecting to its listener",
-        ))
+    /// A connected pair (a Unix socket pair; loopback TCP on Windows):
+    /// the first end for a stream's pumps, the second (blocking) for an
+    /// in-process service. Must run inside the runtime.
+    pub fn pair() -> io::Result<(LocalStream, PairEnd)> {
+        let (ours, theirs) = crate::sys::pair()?;
+        Ok((LocalStream::Pair(ours), theirs))
     }
 
     /// An in-process pipe: the first end for a stream's pumps, the second
@@ -114,16 +100,16 @@ pub(crate) trait LocalWrite: AsyncWrite + Unpin + Send + 'static {
 
 macro_rules! local_halves {
     ($read:ty, $write:ty, $reset:expr, $unacked:expr) => {
-        impl LocalRead for $read {
-            fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
+        impl $crate::local::LocalRead for $read {
+            fn readable(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
                 <$read>::readable(self)
             }
         }
-        impl LocalWrite for $write {
-            fn writable(&self) -> impl Future<Output = io::Result<()>> + Send {
+        impl $crate::local::LocalWrite for $write {
+            fn writable(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
                 <$write>::writable(self)
             }
-            fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+            fn try_write_vectored(&self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
                 <$write>::try_write_vectored(self, bufs)
             }
             fn reset(self) {
@@ -137,6 +123,9 @@ macro_rules! local_halves {
         }
     };
 }
+// For the Unix socket pair's halves (sys/unix.rs).
+#[cfg(unix)]
+pub(crate) use local_halves;
 
 local_halves!(
     tcp::OwnedReadHalf,

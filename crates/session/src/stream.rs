@@ -58,6 +58,11 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
             spawn_holding(shared, &lease, downlink(shared.clone(), id, io.clone(), w));
             spawn_holding(shared, &lease, uplink(shared.clone(), id, io, r))
         }
+        LocalStream::Pair(sock) => {
+            let (r, w) = sock.into_split();
+            spawn_holding(shared, &lease, downlink(shared.clone(), id, io.clone(), w));
+            spawn_holding(shared, &lease, uplink(shared.clone(), id, io, r))
+        }
         LocalStream::Service(pipe) => {
             let (r, w) = pipe.split();
             spawn_holding(

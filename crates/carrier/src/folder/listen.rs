@@ -115,6 +115,9 @@ impl FolderListener {
                 Ok(n) => Some(n),
                 Err(e) => {
                     tracing::info!(dir = %url.dir.display(), "no file-change notifications ({e}): the listener polls");
+                    if e.kind() == io::ErrorKind::Unsupported {
+                        watch.missed.store(true, Ordering::Relaxed);
+                    }
                     None
                 }
             },

@@ -175,8 +175,7 @@ impl FolderUrl {
                 i += 1;
             }
         }
-        let spelled = crate::sys::os_string(out)?;
-        Some(crate::sys::folder_path(spelled.to_str()?))
+        crate::sys::folder_path_from_bytes(out)
     }
 }
 

@@ -238,6 +238,15 @@ pub fn start_reader(mut files: StreamFiles) -> io::Result<FolderRead> {
             Err(e) => {
                 tracing::info!(dir = %files.dir.display(), "no file-change notifications ({e}): this carrier polls");
                 files.mode = PollMode::Forced(POLL_MAX);
+                // None on this system at all: every carrier on the folder
+                // polls, and writes go through their threads (on a share
+                // an append may block).
+                if e.kind() == io::ErrorKind::Unsupported {
+                    files
+                        .watch
+                        .missed
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
             }
         }
     }

@@ -52,7 +52,9 @@ mod fallback {
                 // Windows: a datagram longer than the buffer fills it and
                 // says so with an error (Unix cuts it quietly).
                 Err(e) if super::datagram_cut(&e) => (b.capacity(), None),
-                Err(e) if i > 0 && e.kind() == io::ErrorKind::WouldBlock => return Ok(i),
+                // What was read is kept; an error after it comes again or
+                // was an ICMP report, which a flow survives anyway.
+                Err(_) if i > 0 => return Ok(i),
                 Err(e) => return Err(e),
             };
             let len = len.min(b.capacity());

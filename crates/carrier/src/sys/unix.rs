@@ -332,10 +332,11 @@ pub fn folder_url_path(path: &Path) -> OsString {
     path.as_os_str().to_owned()
 }
 
-/// A path from the bytes [`crate::folder::FolderUrl::identity`] encoded:
-/// any bytes are a Unix path.
-pub fn os_string(bytes: Vec<u8>) -> Option<OsString> {
-    Some(std::os::unix::ffi::OsStringExt::from_vec(bytes))
+/// The folder whose URL path [`crate::folder::FolderUrl::identity`]
+/// encoded: any bytes are a Unix path.
+pub fn folder_path_from_bytes(bytes: Vec<u8>) -> Option<std::path::PathBuf> {
+    let os: OsString = std::os::unix::ffi::OsStringExt::from_vec(bytes);
+    Some(os.into())
 }
 
 /// The kernel aborts a connection whose sent data stays unacknowledged
@@ -375,6 +376,11 @@ pub fn set_congestion(sock: &socket2::Socket, algo: &str) -> io::Result<()> {
 /// the process before linger in TIME_WAIT.
 pub fn rebind_at_once(sock: &socket2::Socket) -> io::Result<()> {
     sock.set_reuse_address(true)
+}
+
+/// Unix reports ICMP errors only on connected UDP sockets.
+pub fn udp_ignore_icmp_resets(_: &socket2::Socket) -> io::Result<()> {
+    Ok(())
 }
 
 /// Unix cuts a long datagram without an error.

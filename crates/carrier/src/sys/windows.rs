@@ -93,6 +93,34 @@ fn last_socket_error() -> io::Error {
     io::Error::from_raw_os_error(unsafe { WinSock::WSAGetLastError() })
 }
 
+/// SIO_UDP_CONNRESET off: otherwise an ICMP port-unreachable (for any
+/// earlier send, or forged) makes the next receive on an unconnected
+/// socket fail, and one listener serves every sender.
+pub fn udp_ignore_icmp_resets(sock: &socket2::Socket) -> io::Result<()> {
+    const SIO_UDP_CONNRESET: u32 = 0x9800_000C;
+    let off: u32 = 0;
+    let mut returned: u32 = 0;
+    // SAFETY: passes a live u32 and its size as the input buffer, no
+    // output buffer, a live count, and no overlapped I/O (synchronous).
+    let rc = unsafe {
+        WinSock::WSAIoctl(
+            sock.as_raw_socket() as WinSock::SOCKET,
+            SIO_UDP_CONNRESET,
+            (&off as *const u32).cast(),
+            std::mem::size_of::<u32>() as u32,
+            std::ptr::null_mut(),
+            0,
+            &mut returned,
+            std::ptr::null_mut(),
+            None,
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        _ => Err(last_socket_error()),
+    }
+}
+
 /// WSAEMSGSIZE: the datagram was longer than the buffer, which holds its
 /// start.
 pub fn datagram_cut(e: &io::Error) -> bool {
@@ -150,14 +178,18 @@ pub fn owner_only(o: &mut OpenOptions) -> &mut OpenOptions {
 /// as it is typed at a prompt).
 pub fn shell(command: &str) -> tokio::process::Command {
     let mut c = tokio::process::Command::new("cmd");
-    c.arg("/C").arg(command);
+    // cmd.exe parses its own command line, not by the C runtime's quoting
+    // rules: handed over as typed.
+    c.arg("/C").raw_arg(command);
     c
 }
 
 /// The folder a `dir://` URL's path names: `/C:/share/tunnel` (or
 /// `C:/share/tunnel`, `C:\share\tunnel`) is `C:\share\tunnel`;
-/// `server/share/tunnel` is the share `\\server\share\tunnel`; `./x`
-/// is relative.
+/// `//server/share/tunnel` (`dir:////server/share/tunnel`) is the share
+/// `\\server\share\tunnel`; anything else is taken as written (a bare
+/// `dir://name` is a relative folder, as on Unix, never a host that a
+/// name lookup could answer for and ask for our credentials).
 pub fn folder_path(url_path: &str) -> std::path::PathBuf {
     let p = url_path.replace('/', "\\");
     let drive = |s: &str| {
@@ -167,14 +199,11 @@ pub fn folder_path(url_path: &str) -> std::path::PathBuf {
     if let Some(rest) = p.strip_prefix('\\').filter(|r| drive(r)) {
         return rest.into();
     }
-    if drive(&p) || p.starts_with('\\') || p.starts_with('.') {
-        return p.into();
-    }
-    format!("\\\\{p}").into()
+    p.into()
 }
 
 /// A folder's path as a `dir://` URL spells it: `/C:/share/tunnel`,
-/// `server/share/tunnel` for a share, `./x` for a relative path.
+/// `//server/share/tunnel` for a share, a relative path as it is.
 pub fn folder_url_path(path: &Path) -> OsString {
     let s = path.as_os_str().to_string_lossy().replace('\\', "/");
     let s = if let Some(r) = s.strip_prefix("//?/UNC/") {
@@ -185,20 +214,16 @@ pub fn folder_url_path(path: &Path) -> OsString {
         s
     };
     let b = s.as_bytes();
-    let spelled = if let Some(unc) = s.strip_prefix("//") {
-        unc.to_string()
-    } else if b.len() >= 2 && b[0].is_ascii_alphabetic() && b[1] == b':' {
+    let spelled = if b.len() >= 2 && b[0].is_ascii_alphabetic() && b[1] == b':' {
         format!("/{s}")
-    } else if s.starts_with('/') || s.starts_with('.') {
-        s
     } else {
-        format!("./{s}")
+        s
     };
     spelled.into()
 }
 
-/// A path from the bytes [`crate::folder::FolderUrl::identity`] encoded:
-/// UTF-8 here (a name that is not is percent-encoded on the way out).
-pub fn os_string(bytes: Vec<u8>) -> Option<OsString> {
-    String::from_utf8(bytes).ok().map(OsString::from)
+/// The folder whose URL path [`crate::folder::FolderUrl::identity`]
+/// encoded: UTF-8 here (the names are Unicode).
+pub fn folder_path_from_bytes(bytes: Vec<u8>) -> Option<std::path::PathBuf> {
+    Some(folder_path(&String::from_utf8(bytes).ok()?))
 }

@@ -206,7 +206,8 @@ async fn a_fifo_or_a_symlink_named_like_a_carrier_file_ends_only_that_carrier() 
 
 #[test]
 fn folder_identities_have_no_whitespace_or_options_and_round_trip() {
-    // Windows spells a drive's folder dir:///C:/…, a share's dir://server/….
+    // Windows spells a drive's folder dir:///C:/…, a share's
+    // dir:////server/…; a bare dir://name is relative, never a host.
     let (root, paths) = match cfg!(windows) {
         false => ("", ["/a b/c\td%e", "/x/\u{2003}y\nz", "/plain/path"]),
         true => (
@@ -227,9 +228,11 @@ fn folder_identities_have_no_whitespace_or_options_and_round_trip() {
     assert_eq!(a.identity(), format!("dir://{root}/media/sf_My%20Share/lh"));
     assert_eq!(a.identity(), b.identity());
     if cfg!(windows) {
-        let share: FolderUrl = "dir://vmhost/share/tunnel".parse().unwrap();
+        let share: FolderUrl = "dir:////vmhost/share/tunnel".parse().unwrap();
         assert_eq!(share.dir, Path::new("\\\\vmhost\\share\\tunnel"));
-        assert_eq!(share.identity(), "dir://vmhost/share/tunnel");
+        assert_eq!(share.identity(), "dir:////vmhost/share/tunnel");
+        let bare: FolderUrl = "dir://tunnel/x".parse().unwrap();
+        assert_eq!(bare.dir, Path::new("tunnel\\x"));
         let drive: FolderUrl = "dir://C:\\share\\tunnel".parse().unwrap();
         assert_eq!(drive.dir, Path::new("C:\\share\\tunnel"));
         assert_eq!(drive.to_string(), "dir:///C:/share/tunnel");
@@ -243,6 +246,20 @@ fn folder_identities_have_no_whitespace_or_options_and_round_trip() {
         let id = u.identity();
         assert!(!id.contains(char::is_whitespace), "{id}");
         assert_eq!(FolderUrl::path_of_identity(&id).unwrap(), Path::new(p));
+    }
+    // A name that is not UTF-8 (Unix) is percent-encoded and comes back.
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let odd = Path::new(std::ffi::OsStr::from_bytes(b"/srv/\xff\xfe name"));
+        let u = FolderUrl {
+            dir: odd.into(),
+            poll: longhaul_carrier::folder::PollMode::Auto,
+            tls: true,
+        };
+        let id = u.identity();
+        assert!(id.contains("%FF%FE%20name"), "{id}");
+        assert_eq!(FolderUrl::path_of_identity(&id).unwrap(), odd);
     }
     let off: FolderUrl = "dir:///srv/x?tls=off".parse().unwrap();
     assert!(!off.tls);

@@ -35,7 +35,13 @@ pub(crate) fn become_command(cmd: &mut std::process::Command) -> std::io::Error 
     std::os::unix::process::CommandExt::exec(cmd)
 }
 
-/// `longhaul cp`.
+/// `longhaul cp` (the file service is built for Linux only so far).
 pub(crate) async fn cp(a: crate::args::CpArgs) -> anyhow::Result<()> {
-    crate::cp::run(a).await
+    #[cfg(target_os = "linux")]
+    return crate::cp::run(a).await;
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = a;
+        anyhow::bail!(longhaul_files::NOT_BUILT)
+    }
 }

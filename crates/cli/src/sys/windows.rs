@@ -1,20 +1,16 @@
-//! Windows: Ctrl-C (and Ctrl-Break) stop; there is no SIGHUP, so no
+//! Windows: Ctrl-C, Ctrl-Break, a closed console and shutdown stop; there is no SIGHUP, so no
 //! reload by signal; a command is run and waited for; `cp` is not built
 //! yet.
 
-/// Ctrl-C or Ctrl-Break.
+/// Ctrl-C, Ctrl-Break, the console closing, or the system shutting down.
 pub(crate) async fn stop_signal() {
-    let brk = tokio::signal::windows::ctrl_break();
-    match brk {
-        Ok(mut b) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = b.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
+    use tokio::signal::windows::{ctrl_break, ctrl_close, ctrl_shutdown};
+    let (mut b, mut c, mut s) = (ctrl_break().ok(), ctrl_close().ok(), ctrl_shutdown().ok());
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        Some(_) = async { b.as_mut()?.recv().await } => {}
+        Some(_) = async { c.as_mut()?.recv().await } => {}
+        Some(_) = async { s.as_mut()?.recv().await } => {}
     }
     tracing::info!("stop signal received");
 }

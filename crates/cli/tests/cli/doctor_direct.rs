@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use common::*;
 use longhaul_forward::client::{Client, ClientConfig};
+use longhaul_session::local::{pair_end_async, PairStream};
 use longhaul_session::LocalStream;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpSocket;
 
 /// A doctor stream over `url`, and its answer to `DIRECT 3`.
-async fn ask_direct(url: &str) -> (Client, BufReader<TcpStream>, String) {
+async fn ask_direct(url: &str) -> (Client, BufReader<PairStream>, String) {
     let mut cfg = ClientConfig::new(url.parse().unwrap());
     cfg.insecure = true;
     cfg.reconnect = false;
@@ -22,8 +23,7 @@ async fn ask_direct(url: &str) -> (Client, BufReader<TcpStream>, String) {
     let opened = client.session().open("longhaul://doctor").await.unwrap();
     let (ours, theirs) = LocalStream::pair().unwrap();
     opened.attach(ours);
-    theirs.set_nonblocking(true).unwrap();
-    let mut sock = BufReader::new(TcpStream::from_std(theirs).unwrap());
+    let mut sock = BufReader::new(pair_end_async(theirs).unwrap());
     sock.get_mut().write_all(b"DIRECT 3\n").await.unwrap();
     let mut line = String::new();
     tokio::time::timeout(Duration::from_secs(10), sock.read_line(&mut line))

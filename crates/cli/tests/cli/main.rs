@@ -4,7 +4,10 @@
 mod common;
 
 mod cli;
+// The file service is built for Linux only so far.
+#[cfg(target_os = "linux")]
 mod cp;
+#[cfg(target_os = "linux")]
 mod cp_hostile;
 mod doctor;
 mod doctor_direct;

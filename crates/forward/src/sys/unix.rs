@@ -129,6 +129,7 @@ pub async fn connect(path: &Path) -> io::Result<ControlStream> {
 
 /// Makes the socket we just bound 0600 without following a symlink that
 /// another user put in its place (if they can write the folder).
+#[cfg(target_os = "linux")]
 fn only_ours(path: &Path) -> io::Result<()> {
     use rustix::fs::{FileType, Mode, OFlags};
     use std::os::unix::fs::PermissionsExt;
@@ -147,6 +148,19 @@ fn only_ours(path: &Path) -> io::Result<()> {
     // very file it holds.
     let by_fd = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
     std::fs::set_permissions(by_fd, std::fs::Permissions::from_mode(0o600))
+}
+
+/// Without Linux's O_PATH the socket keeps the mode the umask gave it: the
+/// folder (0700, checked) is what keeps other users out.
+#[cfg(not(target_os = "linux"))]
+fn only_ours(path: &Path) -> io::Result<()> {
+    if !std::os::unix::fs::FileTypeExt::is_socket(&std::fs::symlink_metadata(path)?.file_type()) {
+        return Err(io::Error::other(format!(
+            "{} was replaced by something other than our socket",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// This machine's host name.

@@ -9,6 +9,8 @@ mod hostile;
 mod hostile_harness;
 mod jmux;
 mod memory;
+// The file service is built for Linux only so far.
+#[cfg(target_os = "linux")]
 mod memory_files;
 mod memory_folder;
 mod memory_pinning;
