@@ -14,7 +14,7 @@ use longhaul_session::logs::shown;
 
 use crate::metrics::Metrics;
 use crate::sys;
-pub use crate::sys::{check_private, default_dir, make_private};
+pub use crate::sys::{check_private, default_dir, make_private, sockets};
 
 /// The socket a process uses by default: `DIR/ROLE-PID.sock`.
 pub fn default_path(role: &str) -> PathBuf {
@@ -126,19 +126,6 @@ pub async fn query(path: &Path) -> std::io::Result<Value> {
     .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer"))??;
     serde_json::from_slice(&buf)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-}
-
-/// The control sockets in `dir`.
-pub fn sockets(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|r| {
-            r.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "sock"))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 /// A snapshot for people, `ss`-style.

@@ -123,9 +123,6 @@ macro_rules! local_halves {
         }
     };
 }
-// For the Unix socket pair's halves (sys/unix.rs).
-#[cfg(unix)]
-pub(crate) use local_halves;
 
 local_halves!(
     tcp::OwnedReadHalf,
@@ -140,6 +137,15 @@ local_halves!(
     },
     // The send buffer's queued memory: unsent plus unacknowledged.
     |w| longhaul_carrier::send_space(&socket2::SockRef::from(w.as_ref())).map_or(0, |s| s.queued)
+);
+// A Unix socket pair (sys/unix.rs) has no reset: the service sees the
+// close. (Windows' pair is TCP, covered above.)
+#[cfg(unix)]
+local_halves!(
+    tokio::net::unix::OwnedReadHalf,
+    tokio::net::unix::OwnedWriteHalf,
+    drop,
+    |_| 0
 );
 
 #[cfg(test)]

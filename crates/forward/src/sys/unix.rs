@@ -72,6 +72,19 @@ pub fn check_private(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// The control sockets in `dir`.
+pub fn sockets(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|r| {
+            r.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 /// A control socket, listening.
 pub struct ControlListener(UnixListener);
 
@@ -104,7 +117,7 @@ impl ControlListener {
         if let Some(dir) = path.parent() {
             // Sockets of processes that ended without removing them
             // (killed): `ROLE-PID.sock` whose PID is gone.
-            for stale in crate::status::sockets(dir) {
+            for stale in sockets(dir) {
                 let pid = stale
                     .file_stem()
                     .and_then(|s| s.to_str()?.rsplit('-').next()?.parse::<u32>().ok());

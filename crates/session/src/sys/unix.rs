@@ -2,8 +2,6 @@
 
 use std::io;
 
-use tokio::net::unix;
-
 /// The pumps' end of a pair.
 pub type PairStream = tokio::net::UnixStream;
 /// The service's end of a pair, blocking.
@@ -20,6 +18,3 @@ pub fn pair_end_async(end: PairEnd) -> io::Result<PairStream> {
     end.set_nonblocking(true)?;
     PairStream::from_std(end)
 }
-
-// A Unix socket has no reset: the service sees the close.
-crate::local::local_halves!(unix::OwnedReadHalf, unix::OwnedWriteHalf, drop, |_| 0);
