@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use longhaul_carrier::folder::{dial, FolderListener, FolderUrl, SEGMENT};
+use longhaul_carrier::folder::{dial, FolderListener, SEGMENT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::common;
@@ -81,8 +81,10 @@ async fn disk_use_stays_within_two_segments_per_direction() {
 
 /// A tmpfs of `size` mounted at a fresh directory (root only), unmounted
 /// on drop.
+#[cfg(target_os = "linux")]
 struct SmallTmpfs(std::path::PathBuf);
 
+#[cfg(target_os = "linux")]
 impl SmallTmpfs {
     fn mount(name: &str, size: &str) -> Option<SmallTmpfs> {
         let d = std::env::temp_dir().join(format!("lh-folder-{name}-{}", std::process::id()));
@@ -96,6 +98,7 @@ impl SmallTmpfs {
     }
 }
 
+#[cfg(target_os = "linux")]
 impl Drop for SmallTmpfs {
     fn drop(&mut self) {
         // Lazy: a task that still holds a segment open must not leave the
@@ -108,6 +111,8 @@ impl Drop for SmallTmpfs {
     }
 }
 
+// A small tmpfs is Linux's; a full disk elsewhere is not staged here.
+#[cfg(target_os = "linux")]
 #[tokio::test]
 async fn a_full_disk_is_a_clear_error_not_a_hang() {
     let Some(fs) = SmallTmpfs::mount("full", "2m") else {
@@ -117,7 +122,8 @@ async fn a_full_disk_is_a_clear_error_not_a_hang() {
         );
         return eprintln!("skipping: cannot mount a tmpfs (not root?)");
     };
-    let url: FolderUrl = format!("dir://{}", fs.0.display()).parse().unwrap();
+    let url: longhaul_carrier::folder::FolderUrl =
+        format!("dir://{}", fs.0.display()).parse().unwrap();
     let mut listener = FolderListener::bind(&url).unwrap();
     let mut client = dial(&url).unwrap();
     let _server = within(5, listener.accept()).await.unwrap();
