@@ -5,23 +5,7 @@
 
 use std::time::Duration;
 
-/// What the kernel knows about a TCP connection's path.
-#[derive(Debug, Clone, Copy)]
-pub struct TcpPath {
-    /// Smoothed RTT (TCP_INFO.tcpi_rtt).
-    pub rtt: Option<Duration>,
-    /// Recent delivery rate in bytes per second (TCP_INFO.tcpi_delivery_rate).
-    pub delivery_rate: u64,
-    /// Segments retransmitted over the connection's life
-    /// (TCP_INFO.tcpi_total_retrans).
-    pub retransmits: u32,
-    /// The retransmission timeout now (TCP_INFO.tcpi_rto).
-    pub rto: Option<Duration>,
-    /// Bytes written and not yet sent (TCP_INFO.tcpi_notsent_bytes).
-    pub notsent: u32,
-    /// Congestion window in bytes (tcpi_snd_cwnd × tcpi_snd_mss).
-    pub cwnd_bytes: u64,
-}
+pub use crate::sys::{SendSpace, TcpPath};
 
 /// Smoothed RTT of a TCP socket as the kernel sees it.
 pub fn tcp_rtt(sock: &socket2::Socket) -> Option<Duration> {
@@ -45,22 +29,6 @@ pub fn set_notsent_lowat(sock: &socket2::Socket, bytes: u32) -> std::io::Result<
 /// Reads TCP_NOTSENT_LOWAT (None where unsupported).
 pub fn notsent_lowat(sock: &socket2::Socket) -> Option<u32> {
     crate::sys::notsent_lowat(sock)
-}
-
-/// How full a socket's send buffer is, in the kernel's own accounting
-/// (bytes plus per-packet overhead), which is what `send` checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SendSpace {
-    /// The send buffer's current size (SO_SNDBUF as the kernel uses it).
-    pub sndbuf: u32,
-    /// Memory queued in it: unsent plus sent but unacknowledged.
-    pub queued: u32,
-}
-
-impl SendSpace {
-    pub fn free(&self) -> u32 {
-        self.sndbuf.saturating_sub(self.queued)
-    }
 }
 
 /// Reads SO_MEMINFO.

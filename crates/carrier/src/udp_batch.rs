@@ -13,7 +13,7 @@ use std::io;
 use std::net::SocketAddr;
 
 /// The most datagrams one call reads.
-pub const MAX_BATCH: usize = 16;
+pub use crate::sys::MAX_BATCH;
 
 /// Reads the datagrams already waiting on `sock`, at most `bufs.len()`
 /// (and [`MAX_BATCH`]), without blocking: each into one buffer, from its

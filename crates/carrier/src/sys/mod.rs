@@ -7,6 +7,45 @@
 //! `unix.rs` (Linux first: other Unixes get "not known" for the socket
 //! options), `windows.rs`, and here what both can share.
 
+use std::time::Duration;
+
+/// What the kernel knows about a TCP connection's path.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpPath {
+    /// Smoothed RTT (TCP_INFO.tcpi_rtt).
+    pub rtt: Option<Duration>,
+    /// Recent delivery rate in bytes per second (TCP_INFO.tcpi_delivery_rate).
+    pub delivery_rate: u64,
+    /// Segments retransmitted over the connection's life
+    /// (TCP_INFO.tcpi_total_retrans).
+    pub retransmits: u32,
+    /// The retransmission timeout now (TCP_INFO.tcpi_rto).
+    pub rto: Option<Duration>,
+    /// Bytes written and not yet sent (TCP_INFO.tcpi_notsent_bytes).
+    pub notsent: u32,
+    /// Congestion window in bytes (tcpi_snd_cwnd × tcpi_snd_mss).
+    pub cwnd_bytes: u64,
+}
+
+/// How full a socket's send buffer is, in the kernel's own accounting
+/// (bytes plus per-packet overhead), which is what `send` checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendSpace {
+    /// The send buffer's current size (SO_SNDBUF as the kernel uses it).
+    pub sndbuf: u32,
+    /// Memory queued in it: unsent plus sent but unacknowledged.
+    pub queued: u32,
+}
+
+impl SendSpace {
+    pub fn free(&self) -> u32 {
+        self.sndbuf.saturating_sub(self.queued)
+    }
+}
+
+/// The most datagrams one batch read takes.
+pub const MAX_BATCH: usize = 16;
+
 #[cfg(unix)]
 mod unix;
 #[cfg(unix)]
@@ -34,7 +73,7 @@ mod fallback {
     use std::net::SocketAddr;
     use std::path::Path;
 
-    use crate::udp_batch::MAX_BATCH;
+    use super::MAX_BATCH;
 
     /// One `recvfrom` per datagram, until the socket is empty: what a
     /// batch read is where the system has no `recvmmsg`.

@@ -5,7 +5,7 @@
 //! kernel's structure size.
 
 #[cfg(target_os = "linux")]
-use crate::udp_batch::MAX_BATCH;
+use super::MAX_BATCH;
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -21,7 +21,7 @@ use std::path::Path;
 #[cfg(target_os = "linux")]
 use std::time::Duration;
 
-use crate::sockopt::{SendSpace, TcpPath};
+use super::{SendSpace, TcpPath};
 
 pub fn tcp_path(sock: &socket2::Socket) -> Option<TcpPath> {
     #[cfg(target_os = "linux")]
@@ -161,7 +161,7 @@ pub fn poll_writable(sock: &socket2::Socket) -> io::Result<bool> {
     Ok(fds[0].revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0)
 }
 
-/// `recvmmsg`: see [`crate::udp_batch::recv_batch`].
+/// `recvmmsg`: what `udp_batch::recv_batch` documents.
 #[cfg(target_os = "linux")]
 pub fn recv_batch(
     sock: &socket2::Socket,
@@ -332,7 +332,7 @@ pub fn folder_url_path(path: &Path) -> OsString {
     path.as_os_str().to_owned()
 }
 
-/// The folder whose URL path [`crate::folder::FolderUrl::identity`]
+/// The folder whose URL path `FolderUrl::identity`
 /// encoded: any bytes are a Unix path.
 pub fn folder_path_from_bytes(bytes: Vec<u8>) -> Option<std::path::PathBuf> {
     let os: OsString = std::os::unix::ffi::OsStringExt::from_vec(bytes);

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use windows_sys::Win32::Networking::WinSock;
 
-use crate::sockopt::{SendSpace, TcpPath};
+use super::{SendSpace, TcpPath};
 
 pub use super::fallback::recv_batch;
 
@@ -222,7 +222,7 @@ pub fn folder_url_path(path: &Path) -> OsString {
     spelled.into()
 }
 
-/// The folder whose URL path [`crate::folder::FolderUrl::identity`]
+/// The folder whose URL path `FolderUrl::identity`
 /// encoded: UTF-8 here (the names are Unicode).
 pub fn folder_path_from_bytes(bytes: Vec<u8>) -> Option<std::path::PathBuf> {
     Some(folder_path(&String::from_utf8(bytes).ok()?))
