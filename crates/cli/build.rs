@@ -1,4 +1,4 @@
-//! Names the commit the binary is built from, for `longhaul --version`:
+//! Names the commit the binary is built from (and its target), for `longhaul --version`:
 //! `LONGHAUL_COMMIT` if set (a package built from a tarball), else the
 //! checkout's HEAD, else "unknown". Uncommitted changes are not marked:
 //! watching the index for them would rebuild on every `git status`.
@@ -23,6 +23,10 @@ fn main() {
         .or_else(from_git)
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=LONGHAUL_COMMIT=commit {commit}");
+    // The system it was built for: a Windows, macOS or FreeBSD user
+    // reporting a bug says which build they run.
+    let target = std::env::var("TARGET").unwrap_or_else(|_| "unknown".into());
+    println!("cargo:rustc-env=LONGHAUL_TARGET={target}");
     // Built again when HEAD moves (a commit, a checkout).
     // Not a checkout (a tarball, a vendored build): nothing to watch; a
     // path that does not exist would run this script on every build.

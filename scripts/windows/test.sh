@@ -14,5 +14,6 @@ export WINEPREFIX
 trap 'wineserver -k 2>/dev/null || true' EXIT
 crates=(-p longhaul-proto -p longhaul-carrier -p longhaul-session)
 /usr/bin/cargo test "${crates[@]}" "${LONGHAUL_WINDOWS_TARGET[@]}" "$@"
-/usr/bin/cargo build -p longhaul "${LONGHAUL_WINDOWS_TARGET[@]}"
+# The debug build, zipped as a release would be (--version names the target).
+PROFILE=debug bash scripts/windows/package.sh
 python3 scripts/windows/interop.py "$linux" target/windows/x86_64-pc-windows-gnu/debug/longhaul.exe

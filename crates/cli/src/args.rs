@@ -87,6 +87,8 @@ pub enum Cmd {
     Cp(CpArgs),
     /// Sessions and streams of the servers and clients running here (like ss for the tunnel).
     Status(StatusArgs),
+    /// Make the servers running here read their configuration again (rules, keys, token), and say how it went.
+    Reload(ReloadArgs),
     /// Measure the path to a server and explain what limits it, with what to change.
     Doctor(DoctorArgs),
     /// Measuring kit: bench server, tput, rr.
@@ -370,6 +372,12 @@ pub struct StatusArgs {
     /// Print the snapshots as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ReloadArgs {
+    /// One server's control socket (default: every server's in the default folder).
+    pub socket: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]

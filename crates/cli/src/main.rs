@@ -17,11 +17,14 @@ mod values;
 
 use std::process::ExitCode;
 
-/// The version, and the commit it was built from (`build.rs`).
+/// The version, the commit it was built from and the target it was built
+/// for (`build.rs`).
 pub(crate) const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (",
     env!("LONGHAUL_COMMIT"),
+    ", ",
+    env!("LONGHAUL_TARGET"),
     ")"
 );
 
@@ -126,6 +129,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Client(a) => client(a).await,
         Cmd::Cp(a) => sys::cp(a).await,
         Cmd::Status(a) => status(a).await,
+        Cmd::Reload(a) => reload::by_control(a).await,
         Cmd::Doctor(a) => doctor(a).await,
         Cmd::Keygen(k) => {
             let path = k
@@ -295,6 +299,7 @@ pub(crate) fn control(
     path: Option<&std::path::Path>,
     role: &'static str,
     metrics: std::sync::Arc<longhaul_forward::metrics::Metrics>,
+    reload: Option<longhaul_forward::status::ReloadFn>,
 ) -> Option<longhaul_forward::status::Control> {
     use longhaul_forward::status;
     let path = match path {
@@ -302,7 +307,7 @@ pub(crate) fn control(
         Some(p) => p.to_path_buf(),
         None => status::default_path(role),
     };
-    match status::serve(&path, role, metrics) {
+    match status::serve(&path, role, metrics, reload) {
         Ok(c) => {
             tracing::debug!("control socket {}", path.display());
             Some(c)
@@ -396,7 +401,7 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
         c = Client::start(cfg) => c?,
         _ = stop_signal() => return Ok(()),
     };
-    let _control = control(a.control.as_deref(), "client", metrics);
+    let _control = control(a.control.as_deref(), "client", metrics, None);
     for (spec, addr) in a.local.iter().zip(&client.local_addrs) {
         let (p, h, hp) = (spec.prefix(), &spec.host, spec.host_port);
         tracing::info!("forwarding {p}{addr} -> {h}:{hp}");

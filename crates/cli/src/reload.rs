@@ -51,41 +51,142 @@ pub(crate) fn fixed(a: &ServerArgs) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// On every SIGHUP: parse the command line and its `--config` file again
-/// and put the new policy in force; a bad file keeps the old one. What
-/// changed that a reload cannot apply (`running`: as the server runs) is
-/// named in one line.
-pub(crate) async fn on_hangup(reloader: Reloader, running: Vec<(&'static str, String)>) {
-    let mut hup = match crate::sys::Hangups::watch() {
-        Ok(h) => h,
-        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
-            return tracing::info!("{e}: no reloads by signal")
+/// A running server's reload: parse the command line and its `--config`
+/// file again and put the new policy in force; a bad file keeps the old
+/// one. What changed that a reload cannot apply (`running`: as the server
+/// runs) is named. Asked by SIGHUP (Unix) or `longhaul reload` (the
+/// control channel, everywhere); one at a time.
+#[derive(Clone)]
+pub(crate) struct Reload {
+    reloader: Reloader,
+    running: std::sync::Arc<Vec<(&'static str, String)>>,
+    one_at_a_time: std::sync::Arc<std::sync::Mutex<()>>,
+}
+
+impl Reload {
+    pub(crate) fn new(reloader: Reloader, running: Vec<(&'static str, String)>) -> Reload {
+        Reload {
+            reloader,
+            running: std::sync::Arc::new(running),
+            one_at_a_time: Default::default(),
         }
-        Err(e) => return tracing::warn!("cannot watch for SIGHUP ({e}): no reloads"),
-    };
-    while hup.next().await.is_some() {
+    }
+
+    /// Reloads now; says what it did, or why it kept the configuration
+    /// (each also logged, naming who asked: `by`).
+    pub(crate) fn run(&self, by: &str) -> Result<String, String> {
+        let _one = self.one_at_a_time.lock().unwrap_or_else(|e| e.into_inner());
         match reread() {
             Ok((p, a)) => {
-                let ended = reloader.reload(p);
-                tracing::info!(
-                    "reloaded rules, authorized keys and token ({ended} session(s) ended)"
-                );
+                let ended = self.reloader.reload(p);
+                let mut said =
+                    format!("reloaded rules, authorized keys and token ({ended} session(s) ended)");
+                tracing::info!("{said} ({by})");
                 let changed: Vec<&str> = fixed(&a)
                     .iter()
-                    .zip(&running)
+                    .zip(self.running.iter())
                     .filter(|(new, old)| new.1 != old.1)
                     .map(|(new, _)| new.0)
                     .collect();
                 if !changed.is_empty() {
-                    tracing::warn!(
+                    let not = format!(
                         "the reload does not apply {}: restart the server to change them",
                         changed.join(", ")
                     );
+                    tracing::warn!("{not}");
+                    said = format!("{said}; {not}");
                 }
+                Ok(said)
             }
-            Err(e) => tracing::error!("reload failed, keeping the configuration in force: {e:#}"),
+            Err(e) => {
+                let said = format!("reload failed, keeping the configuration in force: {e:#}");
+                tracing::error!("{said} ({by})");
+                Err(said)
+            }
         }
     }
+
+    /// Reloads on every SIGHUP (where the system has signals).
+    pub(crate) async fn on_hangup(self) {
+        let mut hup = match crate::sys::Hangups::watch() {
+            Ok(h) => h,
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                return tracing::debug!("{e}: reloads by 'longhaul reload' only")
+            }
+            Err(e) => {
+                return tracing::warn!("cannot watch for SIGHUP ({e}): use 'longhaul reload'")
+            }
+        };
+        while hup.next().await.is_some() {
+            let me = self.clone();
+            let _ = tokio::task::spawn_blocking(move || me.run("SIGHUP")).await;
+        }
+    }
+}
+
+/// `longhaul reload [SOCKET]`: asks one server, or every server running
+/// here as this user, to reload, and prints each answer; fails if one
+/// could not.
+pub(crate) async fn by_control(a: crate::args::ReloadArgs) -> anyhow::Result<()> {
+    use longhaul_forward::status;
+    let sockets = match &a.socket {
+        Some(p) => vec![p.clone()],
+        None => {
+            let dir = status::default_dir();
+            if dir.symlink_metadata().is_ok() {
+                status::check_private(&dir)?;
+            }
+            // `server-PID.sock` (a client has nothing to reload).
+            status::sockets(&dir)
+                .into_iter()
+                .filter(|s| {
+                    s.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("server-"))
+                })
+                .collect()
+        }
+    };
+    let mut failed = 0;
+    let mut asked = 0;
+    for s in &sockets {
+        let v = match status::reload(s).await {
+            Ok(v) => v,
+            // A process that ended without removing its socket.
+            Err(e) if a.socket.is_none() => {
+                tracing::debug!("{}: {e}", s.display());
+                continue;
+            }
+            Err(e) => anyhow::bail!("{}: {e}", s.display()),
+        };
+        asked += 1;
+        // Whoever answers on the socket wrote it: no terminal controls.
+        let message: String = v["message"]
+            .as_str()
+            .unwrap_or("no answer")
+            .chars()
+            .take(4096)
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        println!(
+            "{} pid {}: {message}",
+            v["role"].as_str().unwrap_or("?"),
+            v["pid"]
+        );
+        if v["reloaded"] != true {
+            failed += 1;
+        }
+    }
+    if asked == 0 {
+        anyhow::bail!(
+            "no longhaul server running here (looked in {}; give a server's control socket)",
+            status::default_dir().display()
+        );
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {asked} server(s) kept their configuration");
+    }
+    Ok(())
 }
 
 fn reread() -> anyhow::Result<(Policy, ServerArgs)> {

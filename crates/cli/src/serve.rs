@@ -100,11 +100,14 @@ pub(crate) async fn server(a: args::ServerArgs) -> anyhow::Result<()> {
     let instance = cfg.session.instance.clone();
     let metrics = cfg.metrics.clone();
     let server = Server::bind(cfg).await.context("server not started")?;
-    tokio::spawn(reload::on_hangup(server.reloader(), running));
+    let reload = reload::Reload::new(server.reloader(), running);
+    tokio::spawn(reload.clone().on_hangup());
     if let Some(addr) = a.metrics {
         serve_metrics(addr, metrics.clone(), "server").await?;
     }
-    let _control = control(a.control.as_deref(), "server", metrics);
+    let by_control: longhaul_forward::status::ReloadFn =
+        std::sync::Arc::new(move || reload.run("longhaul reload"));
+    let _control = control(a.control.as_deref(), "server", metrics, Some(by_control));
     if a.insecure {
         tracing::warn!(
             "--insecure: unencrypted tcp:// and ws:// listeners allowed (dir:// only where it says ?tls=off){}",

@@ -1,14 +1,18 @@
-//! `longhaul status`: each running server and client answers on a local
-//! control socket (on Unix the folder 0700, the socket 0600: only its user
-//! and root may ask; [`crate::sys`]) with a JSON snapshot of its sessions and streams; the command
-//! asks every socket in the folder, or one.
+//! The control channel: each running server and client answers on a local
+//! control socket (on Unix the folder 0700, the socket 0600; on Windows a
+//! named pipe whose access list admits the user, SYSTEM and
+//! Administrators: [`crate::sys`]). An asker writes one request line —
+//! `status` (a JSON snapshot of sessions and streams; also what an asker
+//! that writes nothing gets) or `reload` (a server reads its configuration
+//! again, as on SIGHUP) — and reads the answer to its end. `longhaul status`
+//! asks every socket in the folder, or one; `longhaul reload` every server.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use longhaul_session::logs::shown;
 
@@ -32,30 +36,79 @@ impl Drop for Control {
 
 /// Longest answer `status` reads from one socket.
 const MAX_ANSWER: u64 = 64 << 20;
-/// How long `status` waits for one answer.
+/// How long `status` waits for one answer (a reload reads files: longer).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(3);
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest request line read, and how long an asker has to write it.
+const MAX_REQUEST: u64 = 64;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Serves snapshots on `path` until the runtime ends. The default folder
-/// must be ours alone ([`make_private`]); a folder named with `--control`
-/// is the user's choice, made 0700 if it is missing.
-pub fn serve(path: &Path, role: &'static str, metrics: Arc<Metrics>) -> std::io::Result<Control> {
+/// What a reload said: done (and what it did) or refused (and why).
+pub type ReloadResult = Result<String, String>;
+/// What the channel's `reload` runs (a server's; a client has none).
+pub type ReloadFn = Arc<dyn Fn() -> ReloadResult + Send + Sync>;
+
+/// Serves the control channel on `path` until the runtime ends. The
+/// default folder must be ours alone ([`make_private`]); a folder named
+/// with `--control` is the user's choice, made 0700 if it is missing.
+pub fn serve(
+    path: &Path,
+    role: &'static str,
+    metrics: Arc<Metrics>,
+    reload: Option<ReloadFn>,
+) -> std::io::Result<Control> {
     let listener = sys::ControlListener::bind(path, &default_dir())?;
     let started = Instant::now();
     tokio::spawn(async move {
         loop {
-            let Ok(mut sock) = listener.accept().await else {
+            let Ok(sock) = listener.accept().await else {
                 // EMFILE and the like: try again a little later.
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
-            let body = snapshot(role, started, &metrics, usize::MAX).to_string();
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(ANSWER_TIMEOUT, sock.write_all(body.as_bytes())).await;
-                let _ = sock.shutdown().await;
-            });
+            let (metrics, reload) = (metrics.clone(), reload.clone());
+            tokio::spawn(answer(sock, role, started, metrics, reload));
         }
     });
     Ok(Control(path.to_path_buf()))
+}
+
+/// Reads one request and answers it.
+async fn answer(
+    mut sock: sys::ControlStream,
+    role: &'static str,
+    started: Instant,
+    metrics: Arc<Metrics>,
+    reload: Option<ReloadFn>,
+) {
+    let mut line = Vec::new();
+    // To the line's end (a named pipe's writer cannot half-close).
+    let mut request = tokio::io::BufReader::new((&mut sock).take(MAX_REQUEST));
+    // An asker that writes nothing and waits (an older `status`) gets a
+    // snapshot once the time is up.
+    let _ = tokio::time::timeout(REQUEST_TIMEOUT, request.read_until(b'\n', &mut line)).await;
+    drop(request);
+    let body = match line.trim_ascii() {
+        b"" | b"status" => snapshot(role, started, &metrics, usize::MAX),
+        b"reload" => {
+            let result = match reload {
+                // Reading files: off the runtime's threads.
+                Some(f) => tokio::task::spawn_blocking(move || f())
+                    .await
+                    .unwrap_or_else(|e| Err(format!("the reload failed: {e}"))),
+                None => Err(format!("a {role} has nothing to reload")),
+            };
+            json!({
+                "role": role,
+                "pid": std::process::id(),
+                "reloaded": result.is_ok(),
+                "message": result.unwrap_or_else(|e| e),
+            })
+        }
+        _ => json!({ "error": "unknown request: ask 'status' or 'reload'" }),
+    };
+    let _ = tokio::time::timeout(ANSWER_TIMEOUT, sock.write_all(body.to_string().as_bytes())).await;
+    let _ = sock.shutdown().await;
 }
 
 /// What `status` shows: the process and (at most `most` of) its sessions
@@ -116,14 +169,26 @@ pub(crate) fn snapshot(role: &str, started: Instant, metrics: &Metrics, most: us
 
 /// Asks one control socket for its snapshot.
 pub async fn query(path: &Path) -> std::io::Result<Value> {
+    ask(path, "status", ANSWER_TIMEOUT).await
+}
+
+/// Asks the server at one control socket to reload its configuration:
+/// its answer has `reloaded` (true or false) and `message`.
+pub async fn reload(path: &Path) -> std::io::Result<Value> {
+    ask(path, "reload", RELOAD_TIMEOUT).await
+}
+
+async fn ask(path: &Path, request: &str, timeout: Duration) -> std::io::Result<Value> {
     let mut sock = sys::connect(path).await?;
     let mut buf = Vec::new();
-    tokio::time::timeout(
-        ANSWER_TIMEOUT,
-        (&mut sock).take(MAX_ANSWER).read_to_end(&mut buf),
-    )
-    .await
-    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer"))??;
+    let exchange = async {
+        sock.write_all(format!("{request}\n").as_bytes()).await?;
+        sock.shutdown().await?;
+        (&mut sock).take(MAX_ANSWER).read_to_end(&mut buf).await
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer"))??;
     serde_json::from_slice(&buf)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }

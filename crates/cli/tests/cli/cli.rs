@@ -113,6 +113,8 @@ fn version_completions_and_manual_pages() {
     let version = String::from_utf8(out.stdout).unwrap();
     assert!(version.starts_with("longhaul "), "{version}");
     assert!(version.contains("(commit "), "{version}");
+    let target = format!("{}-", std::env::consts::ARCH);
+    assert!(version.contains(&target), "no target named: {version}");
 
     for (shell, want) in [
         ("bash", "complete -F _longhaul"),

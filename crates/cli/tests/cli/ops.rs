@@ -264,9 +264,10 @@ fn a_config_file_runs_the_server_and_sighup_reloads_keys_live() {
     std::fs::write(&ak, format!("{a} # a\n")).unwrap();
     let cfg = dir.join("server.toml");
     let good = format!(
-        "# a server from a file\nlisten = [\"127.0.0.1:{port}\"]\nkey = \"{}\"\nauthorized-keys = \"{}\"\nallow = [\"127.0.0.1:{bench}\"]\ncontrol = \"none\"\n",
+        "# a server from a file\nlisten = [\"127.0.0.1:{port}\"]\nkey = \"{}\"\nauthorized-keys = \"{}\"\nallow = [\"127.0.0.1:{bench}\"]\ncontrol = \"{}\"\n",
         dir.join("server.key").display(),
-        ak.display()
+        ak.display(),
+        dir.join("server.sock").display()
     );
     std::fs::write(&cfg, &good).unwrap();
 
@@ -329,7 +330,26 @@ fn a_config_file_runs_the_server_and_sighup_reloads_keys_live() {
             .unwrap()
             .success())
     };
-    hup();
+    // `longhaul reload` (the control channel) says how it went.
+    let reload = || {
+        Command::new(BIN)
+            .arg("reload")
+            .arg(dir.join("server.sock"))
+            .output()
+            .unwrap()
+    };
+    let out = reload();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.starts_with("server pid "), "{said}");
+    assert!(
+        said.contains("reloaded rules, authorized keys and token (1 session(s) ended)"),
+        "{said}"
+    );
     wait_until(10, "a's session closed by the reload", || {
         std::fs::read_to_string(&log)
             .unwrap()
@@ -342,7 +362,22 @@ fn a_config_file_runs_the_server_and_sighup_reloads_keys_live() {
 
     // A broken file on reload: the old configuration stays.
     std::fs::write(&cfg, format!("{good}\nlisen = 1\n")).unwrap();
-    hup();
+    let out = reload();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("reload failed, keeping the configuration in force"),
+        "{said}"
+    );
+    assert!(
+        said.contains("server.toml:8: unknown key 'lisen'"),
+        "{said}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1 of 1 server(s) kept their configuration"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     wait_until(10, "the failed reload logged", || {
         std::fs::read_to_string(&log)
             .unwrap()
