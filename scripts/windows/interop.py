@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 
-LINUX, WINDOWS = sys.argv[1], sys.argv[2]
+LINUX, WINDOWS = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 TOKEN = "interop-" + os.urandom(8).hex()
 started = []
 failures = []
@@ -318,6 +318,56 @@ def main():
         stop(p2)
         stop(cli)
         stop(wsrv)
+
+        # A Windows service (Wine's service manager): installed from a
+        # config file, started, carries bytes, reloads, drains on stop and
+        # is removed. Wine starts installed services at each of its boots:
+        # it is removed in any case.
+        name = "longhaul-interop-" + os.urandom(3).hex()
+        svc_port = free_port()
+        cfg = os.path.join(work, "service.toml")
+        with open(cfg, "w") as f:
+            f.write(f'listen = ["127.0.0.1:{svc_port}"]\nkey = "server.key"\n'
+                    f'token = "{TOKEN}"\nallow = ["127.0.0.1:{target}"]\n')
+        installed = False
+        # Wine ends its service processes with its server once no other
+        # program runs: kept up here (ended with `wineserver -k` below).
+        subprocess.run(["wineserver", "-p"], capture_output=True)
+        try:
+            r = subprocess.run(["wine", WINDOWS, "service", "install", "--name", name,
+                                "server", "--config", "service.toml"], cwd=work,
+                               capture_output=True, text=True, timeout=90,
+                               env=dict(os.environ, WINEDEBUG="-all"))
+            installed = r.returncode == 0
+            check("windows service: installed", installed and "sc.exe start" in r.stdout,
+                  r.stdout + r.stderr)
+            subprocess.run(["wine", "sc", "start", name], capture_output=True, timeout=90,
+                           env=dict(os.environ, WINEDEBUG="-all"))
+            up = wait_port(svc_port, 60)
+            check("windows service: started, listening", up)
+            if up:
+                lport = free_port()
+                cli = start(["client", f"127.0.0.1:{svc_port}", "--pin", pin,
+                             "-L", f"{lport}:127.0.0.1:{target}"], log=log("service-client"))
+                check("windows service: -L bytes compared",
+                      wait_port(lport, 60) and echo_through(lport, 1 << 20))
+                stop(cli)
+                r = wine_run(["service", "reload", "--name", name])
+                check("windows service: reload asked", r.returncode == 0, r.stdout + r.stderr)
+        finally:
+            if installed:
+                r = wine_run(["service", "uninstall", "--name", name])
+                check("windows service: stopped and uninstalled",
+                      r.returncode == 0 and "uninstalled" in r.stdout, r.stdout + r.stderr)
+        logs_dir = os.path.join(os.environ["WINEPREFIX"], "drive_c", "users", "Public",
+                                "longhaul", "logs")
+        svc_log = ""
+        for f in sorted(os.listdir(logs_dir)) if os.path.isdir(logs_dir) else []:
+            if f.startswith(name):
+                with open(os.path.join(logs_dir, f)) as fh:
+                    svc_log += fh.read()
+        check("windows service: its log file has the reload and the stop",
+              "reloaded rules" in svc_log and f"service '{name}' stopped" in svc_log, svc_log[-1500:])
 
         # The folder carrier: a Linux server and a Windows client on one
         # folder (Wine sees this machine's / as Z:).

@@ -89,6 +89,8 @@ pub enum Cmd {
     Status(StatusArgs),
     /// Make the servers running here read their configuration again (rules, keys, token), and say how it went.
     Reload(ReloadArgs),
+    /// Run a server or a client as a Windows service: install, uninstall.
+    Service(ServiceArgs),
     /// Measure the path to a server and explain what limits it, with what to change.
     Doctor(DoctorArgs),
     /// Measuring kit: bench server, tput, rr.
@@ -378,6 +380,50 @@ pub struct StatusArgs {
 pub struct ReloadArgs {
     /// One server's control socket (default: every server's in the default folder).
     pub socket: Option<std::path::PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ServiceArgs {
+    #[command(subcommand)]
+    pub cmd: ServiceCmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ServiceCmd {
+    /// Register a server or client command as a Windows service that starts with the system
+    /// (e.g. `longhaul service install server --config C:\longhaul\server.toml`).
+    /// Relative paths are taken from the folder this is run in.
+    Install {
+        /// The service's name.
+        #[arg(long, default_value = "longhaul")]
+        name: String,
+        /// The command the service runs: `server …` or `client …`, as typed to run it here.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, num_args = 1..)]
+        command: Vec<std::ffi::OsString>,
+    },
+    /// Ask a service to read its configuration again (as `sc.exe control NAME paramchange`); its log says how it went.
+    Reload {
+        /// The service's name.
+        #[arg(long, default_value = "longhaul")]
+        name: String,
+    },
+    /// Stop a service `install` registered (a server drains first) and remove it.
+    Uninstall {
+        /// The service's name.
+        #[arg(long, default_value = "longhaul")]
+        name: String,
+    },
+    /// What the service manager starts (not for people).
+    #[command(hide = true)]
+    Run {
+        #[arg(long)]
+        name: String,
+        /// The folder relative paths are taken from (where `install` ran).
+        #[arg(long)]
+        dir: std::path::PathBuf,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, num_args = 1..)]
+        command: Vec<std::ffi::OsString>,
+    },
 }
 
 #[derive(Args, Debug)]

@@ -41,6 +41,11 @@ pub fn expand(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
             "--config goes with a command: longhaul server --config FILE (or client, cp)".into(),
         );
     };
+    // `service install|run COMMAND…`: the file belongs to COMMAND, read
+    // when it is checked or run.
+    if sub.get_name() == "service" {
+        return Ok(argv);
+    }
     let given = given_options(&argv[sub_at + 1..], &sub);
     let extra = file_args(Path::new(&file), &sub, &given)?;
     let mut out = argv[..=sub_at].to_vec();

@@ -1,5 +1,6 @@
 //! `longhaul`: the thin command-line front end.
-#![forbid(unsafe_code)]
+// `unsafe` only in `sys`: Windows' Event Log.
+#![deny(unsafe_code)]
 
 mod arg_errors;
 mod args;
@@ -12,6 +13,7 @@ mod cp;
 mod install;
 mod reload;
 mod serve;
+#[allow(unsafe_code)]
 mod sys;
 mod values;
 
@@ -70,17 +72,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| {
-        match cli.verbose {
-            0 if cli.quiet => "warn",
-            0 => "info",
-            1 => "debug",
-            _ => "trace",
-        }
-        .to_string()
-    });
+    if let Cmd::Service(args::ServiceArgs {
+        cmd: args::ServiceCmd::Run { name, dir, command },
+    }) = cli.cmd
+    {
+        // The service manager started us: logs go to a file, not stderr.
+        return sys::run_service(name, dir, command);
+    }
     let logs = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_env_filter(tracing_subscriber::EnvFilter::new(log_filter(&cli)))
         .with_writer(std::io::stderr)
         .with_target(false);
     match cli.log_format {
@@ -90,22 +90,7 @@ fn main() -> ExitCode {
             .init(),
         args::LogFormat::Json => logs.json().init(),
     }
-    // One thread saves the hand-offs (futex wake-ups, context switches)
-    // between a stream's pump and the carrier writer: on loopback ≈ 10 %
-    // less CPU per byte (docs/BENCHMARKS.md, issue 11).
-    let rt = match cli.threads() {
-        1 => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
-        0 => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build(),
-        n => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n)
-            .enable_all()
-            .build(),
-    };
-    let rt = match rt {
+    let rt = match runtime(&cli) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("longhaul: cannot start the runtime: {e}");
@@ -123,13 +108,46 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cmd: Cmd) -> anyhow::Result<()> {
+/// What is logged: `RUST_LOG`, else the level `-v`/`-q` ask for.
+pub(crate) fn log_filter(cli: &Cli) -> String {
+    std::env::var("RUST_LOG").unwrap_or_else(|_| {
+        match cli.verbose {
+            0 if cli.quiet => "warn",
+            0 => "info",
+            1 => "debug",
+            _ => "trace",
+        }
+        .to_string()
+    })
+}
+
+/// The runtime the command runs on.
+pub(crate) fn runtime(cli: &Cli) -> std::io::Result<tokio::runtime::Runtime> {
+    // One thread saves the hand-offs (futex wake-ups, context switches)
+    // between a stream's pump and the carrier writer: on loopback ≈ 10 %
+    // less CPU per byte (docs/BENCHMARKS.md, issue 11).
+    match cli.threads() {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        0 => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    }
+}
+
+pub(crate) async fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Server(a) => serve::server(a).await,
         Cmd::Client(a) => client(a).await,
         Cmd::Cp(a) => sys::cp(a).await,
         Cmd::Status(a) => status(a).await,
         Cmd::Reload(a) => reload::by_control(a).await,
+        Cmd::Service(a) => sys::service(a.cmd),
         Cmd::Doctor(a) => doctor(a).await,
         Cmd::Keygen(k) => {
             let path = k
@@ -373,7 +391,8 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
         tokio::spawn(async move {
             while hup.next().await.is_some() {
                 tracing::info!(
-                    "SIGHUP ignored: a client has nothing to reload (restart it to change its forwards)"
+                    "reload ({}) ignored: a client has nothing to reload (restart it to change its forwards)",
+                    sys::HANGUP
                 );
             }
         });

@@ -119,7 +119,7 @@ impl Reload {
         };
         while hup.next().await.is_some() {
             let me = self.clone();
-            let _ = tokio::task::spawn_blocking(move || me.run("SIGHUP")).await;
+            let _ = tokio::task::spawn_blocking(move || me.run(crate::sys::HANGUP)).await;
         }
     }
 }
@@ -190,9 +190,12 @@ pub(crate) async fn by_control(a: crate::args::ReloadArgs) -> anyhow::Result<()>
 }
 
 fn reread() -> anyhow::Result<(Policy, ServerArgs)> {
+    reread_from(std::env::args_os().collect())
+}
+
+fn reread_from(argv: Vec<std::ffi::OsString>) -> anyhow::Result<(Policy, ServerArgs)> {
     use clap::Parser;
-    let argv =
-        crate::config::expand(std::env::args_os().collect()).map_err(|e| anyhow::anyhow!(e))?;
+    let argv = crate::config::expand(argv).map_err(|e| anyhow::anyhow!(e))?;
     let cli = Cli::try_parse_from(argv).map_err(|e| {
         let text = e.render().to_string();
         anyhow::anyhow!(
@@ -205,6 +208,10 @@ fn reread() -> anyhow::Result<(Policy, ServerArgs)> {
     })?;
     match cli.cmd {
         Cmd::Server(a) => Ok((policy(&a)?, a)),
+        // A Windows service: the command it runs.
+        Cmd::Service(crate::args::ServiceArgs {
+            cmd: crate::args::ServiceCmd::Run { command, .. },
+        }) => reread_from(std::iter::once("longhaul".into()).chain(command).collect()),
         _ => anyhow::bail!("not a server command line"),
     }
 }

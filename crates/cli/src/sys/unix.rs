@@ -15,6 +15,9 @@ pub(crate) async fn stop_signal() {
     tracing::info!("stop signal received");
 }
 
+/// What [`Hangups`] are, in a log line.
+pub(crate) const HANGUP: &str = "SIGHUP";
+
 /// Each SIGHUP, as it comes (a server's reload; a client's closed
 /// terminal).
 pub(crate) struct Hangups(tokio::signal::unix::Signal);
@@ -44,4 +47,21 @@ pub(crate) async fn cp(a: crate::args::CpArgs) -> anyhow::Result<()> {
         let _ = a;
         anyhow::bail!(longhaul_files::NOT_BUILT)
     }
+}
+
+/// `longhaul service`: Windows' service manager only.
+pub(crate) fn service(_: crate::args::ServiceCmd) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "'longhaul service' registers Windows services; here run the server under systemd (contrib/longhaul-server.service) or your init system"
+    )
+}
+
+/// Never started by a service manager here.
+pub(crate) fn run_service(
+    _: String,
+    _: std::path::PathBuf,
+    _: Vec<std::ffi::OsString>,
+) -> std::process::ExitCode {
+    eprintln!("longhaul: 'service run' is what Windows' service manager starts");
+    std::process::ExitCode::from(2)
 }

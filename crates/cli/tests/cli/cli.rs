@@ -108,6 +108,19 @@ fn wrong_arguments_get_one_line_that_says_what_to_do() {
 }
 
 #[test]
+fn a_windows_service_is_refused_here_in_one_line() {
+    let out = Command::new(BIN)
+        .args(["service", "install", "server", "--listen", "127.0.0.1:1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("registers Windows services"), "{err}");
+    assert!(err.contains("systemd"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[test]
 fn version_completions_and_manual_pages() {
     let out = Command::new(BIN).arg("--version").output().unwrap();
     let version = String::from_utf8(out.stdout).unwrap();

@@ -356,7 +356,8 @@ fn a_client_that_stops_frees_its_reverse_ports_at_once_on_every_way_out() {
             // A SIGHUP does not kill a client.
             signal(&c, "-HUP");
             wait_until(5, "the SIGHUP said", || {
-                std::fs::read_to_string(dir.join(&log)).is_ok_and(|l| l.contains("SIGHUP ignored"))
+                std::fs::read_to_string(dir.join(&log))
+                    .is_ok_and(|l| l.contains("reload (SIGHUP) ignored"))
             });
             assert!(
                 c.0.try_wait().unwrap().is_none(),

@@ -1,8 +1,17 @@
-//! Windows: Ctrl-C, Ctrl-Break, a closed console and shutdown stop; there is no SIGHUP, so no
-//! reload by signal; a command is run and waited for; `cp` is not built
-//! yet.
+//! Windows: Ctrl-C, Ctrl-Break, a closed console, shutdown and the service
+//! manager's stop end a command; there is no SIGHUP, so a reload is asked
+//! through the control pipe or, for a service, by the manager's
+//! PARAMCHANGE; a command is run and waited for; `cp` is not built yet.
 
-/// Ctrl-C, Ctrl-Break, the console closing, or the system shutting down.
+mod event_log;
+mod service;
+
+pub(crate) use service::{run_service, service};
+
+/// Ctrl-C, Ctrl-Break, the console closing, the system shutting down, or
+/// the service manager's stop. Each call waits for a stop that comes after
+/// the last one a call returned for (a server's first drains, its second
+/// ends).
 pub(crate) async fn stop_signal() {
     use tokio::signal::windows::{ctrl_break, ctrl_close, ctrl_shutdown};
     let (mut b, mut c, mut s) = (ctrl_break().ok(), ctrl_close().ok(), ctrl_shutdown().ok());
@@ -11,23 +20,24 @@ pub(crate) async fn stop_signal() {
         Some(_) = async { b.as_mut()?.recv().await } => {}
         Some(_) = async { c.as_mut()?.recv().await } => {}
         Some(_) = async { s.as_mut()?.recv().await } => {}
+        _ = service::stop_asked() => {}
     }
     tracing::info!("stop signal received");
 }
 
-/// Windows has no SIGHUP.
-pub(crate) struct Hangups(std::convert::Infallible);
+/// What [`Hangups`] are, in a log line.
+pub(crate) const HANGUP: &str = "asked by the service manager";
+
+/// The service manager's PARAMCHANGE, each time (never outside a service).
+pub(crate) struct Hangups(tokio::sync::watch::Receiver<u64>);
 
 impl Hangups {
     pub(crate) fn watch() -> std::io::Result<Hangups> {
-        Err(std::io::Error::new(
-            std::io::ErrorKind::Unsupported,
-            "Windows has no SIGHUP",
-        ))
+        Ok(Hangups(service::reloads()))
     }
 
     pub(crate) async fn next(&mut self) -> Option<()> {
-        match self.0 {}
+        self.0.changed().await.ok()
     }
 }
 
