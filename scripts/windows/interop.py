@@ -331,8 +331,8 @@ def main():
                     f'token = "{TOKEN}"\nallow = ["127.0.0.1:{target}"]\n')
         installed = False
         # Wine ends its service processes with its server once no other
-        # program runs: kept up here (ended with `wineserver -k` below).
-        subprocess.run(["wineserver", "-p"], capture_output=True)
+        # program runs: one runs meanwhile.
+        keep = start(["bench", "server", "--listen", f"127.0.0.1:{free_port()}"], windows=True)
         try:
             r = subprocess.run(["wine", WINDOWS, "service", "install", "--name", name,
                                 "server", "--config", "service.toml"], cwd=work,
@@ -359,6 +359,7 @@ def main():
                 r = wine_run(["service", "uninstall", "--name", name])
                 check("windows service: stopped and uninstalled",
                       r.returncode == 0 and "uninstalled" in r.stdout, r.stdout + r.stderr)
+        stop(keep)
         logs_dir = os.path.join(os.environ["WINEPREFIX"], "drive_c", "users", "Public",
                                 "longhaul", "logs")
         svc_log = ""
@@ -386,6 +387,11 @@ def main():
         if up:
             check("folder carrier (Windows client, Linux server): bytes compared",
                   echo_through(lport, 4 << 20))
+            # Wine gives ReadDirectoryChangesW on its Z: drive (from
+            # inotify): the Windows side is woken, not polling.
+            check("folder carrier (Windows client): woken by file-change notifications",
+                  "polls" not in text("folder-client")
+                  and "polling instead" not in text("folder-client"), text("folder-client")[-1500:])
         stop(fcli)
         stop(fsrv)
     finally:

@@ -1,7 +1,7 @@
 //! Waking the folder carrier's threads: file-change notifications where the
 //! file system gives them, polling where it does not.
 //!
-//! A reader thread waits on its own notifications (inotify on Linux), watching the one
+//! A reader thread waits on its own notifications (inotify on Linux; the `notify` crate elsewhere), watching the one
 //! file it follows (and the folder for new files), so that a writer's
 //! append wakes exactly the thread that reads it and nothing else; the
 //! listener watches the folder for new files. (A writer waits only for the
@@ -28,7 +28,7 @@ pub struct Wake {
     gen: Mutex<u64>,
     cv: Condvar,
     /// Also wakes a thread that sleeps in a [`FileWait`].
-    poll_waker: OnceLock<mio::Waker>,
+    poll_waker: OnceLock<Arc<mio::Waker>>,
 }
 
 impl Wake {
@@ -132,12 +132,14 @@ impl FileWait {
     /// Waits on `watch` (None: polling only) and on `wake`.
     pub fn new(watch: Option<DirNotifier>, wake: &Wake) -> std::io::Result<FileWait> {
         let poll = mio::Poll::new()?;
-        let waker = mio::Waker::new(poll.registry(), WAKER)?;
+        // One waker per poll (mio's rule): shared with the notifier where
+        // it wakes the thread from a thread of its own.
+        let waker = Arc::new(mio::Waker::new(poll.registry(), WAKER)?);
         wake.poll_waker
-            .set(waker)
+            .set(waker.clone())
             .map_err(|_| std::io::Error::other("a wake serves one waiting thread"))?;
         if let Some(n) = &watch {
-            n.register(poll.registry(), NOTIFIER)?;
+            n.register(poll.registry(), NOTIFIER, &waker)?;
         }
         Ok(FileWait {
             poll,

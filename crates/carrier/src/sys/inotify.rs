@@ -74,7 +74,12 @@ impl DirNotifier {
     }
 
     /// Registers the descriptor with a thread's `mio::Poll`.
-    pub fn register(&self, registry: &mio::Registry, token: mio::Token) -> io::Result<()> {
+    pub fn register(
+        &self,
+        registry: &mio::Registry,
+        token: mio::Token,
+        _: &std::sync::Arc<mio::Waker>,
+    ) -> io::Result<()> {
         let Some(ino) = &self.ino else {
             return Err(io::Error::other(
                 "notifications already handed to the runtime",

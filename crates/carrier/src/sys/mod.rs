@@ -62,9 +62,9 @@ mod inotify;
 pub use self::inotify::DirNotifier;
 
 #[cfg(not(target_os = "linux"))]
-mod no_notify;
+mod notify_watch;
 #[cfg(not(target_os = "linux"))]
-pub use no_notify::DirNotifier;
+pub use notify_watch::DirNotifier;
 
 /// What works wherever socket2 and std do.
 #[allow(dead_code)]
