@@ -140,7 +140,8 @@ impl Identity {
         PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key_der.clone()))
     }
 
-    /// Writes the private key (mode 0600, never over an existing file) and
+    /// Writes the private key (mode 0600, or on Windows an access list for
+    /// the user, SYSTEM and Administrators; never over an existing file) and
     /// `PATH.pub` with the fingerprint, for pasting into authorized keys.
     pub fn save(&self, path: &Path) -> Result<(), KeyError> {
         use std::io::Write;
@@ -151,16 +152,13 @@ impl Identity {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(werr)?;
         }
-        let mut f =
-            crate::sys::owner_only(std::fs::OpenOptions::new().write(true).create_new(true))
-                .open(path)
-                .map_err(|err| {
-                    if err.kind() == std::io::ErrorKind::AlreadyExists {
-                        KeyError::Exists { path: path.into() }
-                    } else {
-                        werr(err)
-                    }
-                })?;
+        let mut f = crate::sys::private::create_new(path).map_err(|err| {
+            if err.kind() == std::io::ErrorKind::AlreadyExists {
+                KeyError::Exists { path: path.into() }
+            } else {
+                werr(err)
+            }
+        })?;
         f.write_all(self.key_pem.as_bytes()).map_err(werr)?;
         let mut pubpath = path.as_os_str().to_owned();
         pubpath.push(".pub");
@@ -211,7 +209,7 @@ mod tests {
         let path = dir.join("k");
         let id = Identity::generate().unwrap();
         id.save(&path).unwrap();
-        // Windows: the folder's access list decides (see `sys::owner_only`).
+        // Windows: its access list is checked in `sys::windows_access`.
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;

@@ -34,6 +34,7 @@ pub use keys::{Fingerprint, Identity};
 pub use sockopt::{
     poll_writable, send_space, set_notsent_lowat, tcp_path, tcp_rtt, SendSpace, TcpPath,
 };
+pub use sys::private;
 pub use url::{CarrierUrl, ListenUrl, Transport};
 
 /// Unsent bytes a new carrier socket may hold in the kernel (see

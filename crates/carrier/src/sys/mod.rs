@@ -56,6 +56,19 @@ mod windows;
 #[cfg(windows)]
 pub use self::windows::*;
 
+#[cfg(windows)]
+mod windows_access;
+
+/// Files (and, on Windows, pipes) only this user and the system's
+/// administrators may open: mode 0600 on Unix, an explicit access list on
+/// Windows.
+pub mod private {
+    #[cfg(unix)]
+    pub use super::unix::create_private as create_new;
+    #[cfg(windows)]
+    pub use super::windows_access::{create_new, user_sid, SecurityAttributes};
+}
+
 #[cfg(target_os = "linux")]
 mod inotify;
 #[cfg(target_os = "linux")]

@@ -310,9 +310,14 @@ pub fn write_all_at(f: &File, buf: &[u8], off: u64) -> io::Result<()> {
     f.write_all_at(buf, off)
 }
 
-/// A new file only its owner can read (a private key).
-pub fn owner_only(o: &mut OpenOptions) -> &mut OpenOptions {
-    o.mode(0o600)
+/// Creates `path` for writing (never over an existing file) readable by
+/// its owner only (a private key).
+pub fn create_private(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
 }
 
 /// Runs `command` with the system's shell.

@@ -167,13 +167,6 @@ pub fn write_all_at(f: &File, mut buf: &[u8], mut off: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// A new file inherits its folder's access list: under the user's
-/// profile (where keys live by default) only the user, SYSTEM and
-/// Administrators can read it.
-pub fn owner_only(o: &mut OpenOptions) -> &mut OpenOptions {
-    o
-}
-
 /// Runs `command` with `cmd /C` (so `ssh.exe host longhaul stdio` works
 /// as it is typed at a prompt).
 pub fn shell(command: &str) -> tokio::process::Command {

@@ -189,108 +189,23 @@ pub fn host_name() -> Option<String> {
     std::env::var("COMPUTERNAME").ok()
 }
 
-/// The system calls for a pipe whose access list is the user's own: the
-/// user's SID from the process token, a security descriptor from SDDL
-/// (`D:P`: protected, so nothing is inherited), and the pipe made with it.
+/// A pipe instance with the owner-only access list (carrier's
+/// [`longhaul_carrier::private`]).
 mod owner_only {
     use std::io;
-    use std::ptr::null_mut;
 
+    use longhaul_carrier::private::SecurityAttributes;
     use tokio::net::windows::named_pipe::{NamedPipeServer, ServerOptions};
-    use windows_sys::Win32::Foundation::{CloseHandle, LocalFree, HANDLE};
-    use windows_sys::Win32::Security::Authorization::{
-        ConvertSidToStringSidW, ConvertStringSecurityDescriptorToSecurityDescriptorW,
-        SDDL_REVISION_1,
-    };
-    use windows_sys::Win32::Security::{
-        GetTokenInformation, TokenUser, PSECURITY_DESCRIPTOR, SECURITY_ATTRIBUTES, TOKEN_QUERY,
-        TOKEN_USER,
-    };
-    use windows_sys::Win32::System::Threading::{GetCurrentProcess, OpenProcessToken};
 
     /// Makes an instance of pipe `name`; `first`: it must be the first.
     pub(super) fn create(name: &str, first: bool) -> io::Result<NamedPipeServer> {
-        let sddl = format!("D:P(A;;GA;;;SY)(A;;GA;;;BA)(A;;GA;;;{})\0", user_sid()?);
-        let sddl: Vec<u16> = sddl.encode_utf16().collect();
-        let mut sd: PSECURITY_DESCRIPTOR = null_mut();
-        // SAFETY: `sddl` is NUL-terminated UTF-16 that outlives the call;
-        // `sd` receives a descriptor the system allocated (freed below).
-        let ok = unsafe {
-            ConvertStringSecurityDescriptorToSecurityDescriptorW(
-                sddl.as_ptr(),
-                SDDL_REVISION_1,
-                &mut sd,
-                null_mut(),
-            )
-        };
-        if ok == 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut attrs = SECURITY_ATTRIBUTES {
-            nLength: std::mem::size_of::<SECURITY_ATTRIBUTES>() as u32,
-            lpSecurityDescriptor: sd,
-            bInheritHandle: 0,
-        };
+        let mut attrs = SecurityAttributes::owner_only()?;
         let mut options = ServerOptions::new();
         options
             .first_pipe_instance(first)
             .reject_remote_clients(true);
-        // SAFETY: `attrs` points at the descriptor made above, both alive
-        // for the call, which copies what it needs.
-        let made = unsafe {
-            options.create_with_security_attributes_raw(
-                name,
-                (&mut attrs as *mut SECURITY_ATTRIBUTES).cast(),
-            )
-        };
-        // SAFETY: allocated by the conversion above, used by no one now.
-        unsafe { LocalFree(sd) };
-        made
-    }
-
-    /// This process's user, as an SDDL SID string (`S-1-5-21-…`).
-    fn user_sid() -> io::Result<String> {
-        let mut token: HANDLE = null_mut();
-        // SAFETY: the current-process pseudo handle; `token` receives a
-        // handle closed below.
-        if unsafe { OpenProcessToken(GetCurrentProcess(), TOKEN_QUERY, &mut token) } == 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // TOKEN_USER and the SID it points into, in one buffer (u64s:
-        // aligned for the struct).
-        let mut buf = vec![0u64; 64];
-        let mut len = 0u32;
-        // SAFETY: `buf` holds `buf.len() * 8` writable bytes.
-        let ok = unsafe {
-            GetTokenInformation(
-                token,
-                TokenUser,
-                buf.as_mut_ptr().cast(),
-                (buf.len() * 8) as u32,
-                &mut len,
-            )
-        };
-        let err = io::Error::last_os_error();
-        // SAFETY: opened above, closed once.
-        unsafe { CloseHandle(token) };
-        if ok == 0 {
-            return Err(err);
-        }
-        // SAFETY: the call filled `buf` with a TOKEN_USER.
-        let sid = unsafe { (*(buf.as_ptr() as *const TOKEN_USER)).User.Sid };
-        let mut text: *mut u16 = null_mut();
-        // SAFETY: `sid` points into `buf`, alive here; `text` receives a
-        // string the system allocated (freed below).
-        if unsafe { ConvertSidToStringSidW(sid, &mut text) } == 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a NUL-terminated UTF-16 string from the call above.
-        let s = unsafe {
-            let n = (0..).take_while(|&i| *text.add(i) != 0).count();
-            String::from_utf16_lossy(std::slice::from_raw_parts(text, n))
-        };
-        // SAFETY: allocated by the conversion, not used after this.
-        unsafe { LocalFree(text.cast()) };
-        Ok(s)
+        // SAFETY: `attrs` holds the descriptor and lives through the call,
+        // which copies what it needs.
+        unsafe { options.create_with_security_attributes_raw(name, attrs.as_ptr()) }
     }
 }
