@@ -347,17 +347,7 @@ pub(crate) fn control(
 
 async fn status(a: args::StatusArgs) -> anyhow::Result<()> {
     use longhaul_forward::status;
-    let sockets = match &a.socket {
-        Some(p) => vec![p.clone()],
-        None => {
-            // Sockets in a folder another user controls are not asked.
-            let dir = status::default_dir();
-            if dir.symlink_metadata().is_ok() {
-                status::check_private(&dir)?;
-            }
-            status::sockets(&dir)
-        }
-    };
+    let sockets = status::to_ask(a.socket.as_deref())?;
     let mut all = vec![];
     for s in &sockets {
         match status::query(s).await {

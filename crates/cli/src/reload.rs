@@ -129,24 +129,16 @@ impl Reload {
 /// could not.
 pub(crate) async fn by_control(a: crate::args::ReloadArgs) -> anyhow::Result<()> {
     use longhaul_forward::status;
-    let sockets = match &a.socket {
-        Some(p) => vec![p.clone()],
-        None => {
-            let dir = status::default_dir();
-            if dir.symlink_metadata().is_ok() {
-                status::check_private(&dir)?;
-            }
-            // `server-PID.sock` (a client has nothing to reload).
-            status::sockets(&dir)
-                .into_iter()
-                .filter(|s| {
-                    s.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("server-"))
-                })
-                .collect()
-        }
-    };
+    // Every server's `server-PID.sock` (a client has nothing to reload).
+    let sockets: Vec<_> = status::to_ask(a.socket.as_deref())?
+        .into_iter()
+        .filter(|s| {
+            a.socket.is_some()
+                || s.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("server-"))
+        })
+        .collect();
     let mut failed = 0;
     let mut asked = 0;
     for s in &sockets {

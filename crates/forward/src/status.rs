@@ -20,6 +20,19 @@ use crate::metrics::Metrics;
 use crate::sys;
 pub use crate::sys::{check_private, default_dir, make_private, sockets};
 
+/// The control sockets to ask: `one`, or every one in the default folder
+/// (none from a folder another user controls: refused with why).
+pub fn to_ask(one: Option<&Path>) -> std::io::Result<Vec<PathBuf>> {
+    if let Some(p) = one {
+        return Ok(vec![p.to_path_buf()]);
+    }
+    let dir = default_dir();
+    if dir.symlink_metadata().is_ok() {
+        check_private(&dir)?;
+    }
+    Ok(sockets(&dir))
+}
+
 /// The socket a process uses by default: `DIR/ROLE-PID.sock`.
 pub fn default_path(role: &str) -> PathBuf {
     default_dir().join(format!("{role}-{}.sock", std::process::id()))

@@ -4,6 +4,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::sockets;
+
 use tokio::net::{UnixListener, UnixStream};
 
 /// Where control sockets live: `/run/longhaul` for root, else
@@ -70,19 +72,6 @@ pub fn check_private(dir: &Path) -> io::Result<()> {
         ));
     }
     Ok(())
-}
-
-/// The control sockets in `dir`.
-pub fn sockets(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|r| {
-            r.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "sock"))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 /// A control socket, listening.

@@ -10,6 +10,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::sockets;
+
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::windows::named_pipe::{ClientOptions, NamedPipeClient, NamedPipeServer};
 
@@ -29,19 +31,6 @@ pub fn make_private(dir: &Path) -> io::Result<()> {
 
 pub fn check_private(_: &Path) -> io::Result<()> {
     Ok(())
-}
-
-/// The control channels' marker files in `dir`.
-pub fn sockets(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|r| {
-            r.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "sock"))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 /// The pipe a control path names (at most 256 characters, Windows' limit).
