@@ -141,10 +141,19 @@ class Relay:
         return len(held)
 
 
-def wine_run(args):
-    """longhaul.exe ARGS to its end (stdout, stderr as text)."""
-    return subprocess.run(["wine", WINDOWS] + args, capture_output=True, text=True, timeout=90,
-                          env=dict(os.environ, WINEDEBUG="-all"))
+def wine_run(args, cmd=None, cwd=None):
+    """longhaul.exe ARGS (or CMD) under Wine to its end; stdout and stderr
+    as text. Through files, not pipes: a Wine system process the command
+    starts (services.exe, wineboot) inherits them and would hold a pipe
+    open long after the command ended."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        p = subprocess.run(cmd or (["wine", WINDOWS] + args), stdout=out, stderr=err, cwd=cwd,
+                           timeout=90, env=dict(os.environ, LONGHAUL_TOKEN=TOKEN, WINEDEBUG="-all"))
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(p.args, p.returncode,
+                                           out.read().decode(errors="replace"),
+                                           err.read().decode(errors="replace"))
 
 
 def wait_port(port, secs=60):
@@ -261,10 +270,8 @@ def main():
             check("windows client: resume (-L up)", False, text("resume-client")[-2000:])
         stop(cli)
         wrong = "SHA256:" + "A" * 43
-        r = subprocess.run(["wine", WINDOWS, "client", f"127.0.0.1:{sport}", "--pin", wrong,
-                            "-L", f"{free_port()}:127.0.0.1:{target}"],
-                           capture_output=True, text=True, timeout=90,
-                           env=dict(os.environ, LONGHAUL_TOKEN=TOKEN, WINEDEBUG="-all"))
+        r = wine_run(["client", f"127.0.0.1:{sport}", "--pin", wrong,
+                      "-L", f"{free_port()}:127.0.0.1:{target}"])
         check("windows client: a wrong pin is refused",
               r.returncode != 0 and "pin" in (r.stdout + r.stderr).lower(),
               (r.stdout + r.stderr)[-500:])
@@ -334,15 +341,12 @@ def main():
         # program runs: one runs meanwhile.
         keep = start(["bench", "server", "--listen", f"127.0.0.1:{free_port()}"], windows=True)
         try:
-            r = subprocess.run(["wine", WINDOWS, "service", "install", "--name", name,
-                                "server", "--config", "service.toml"], cwd=work,
-                               capture_output=True, text=True, timeout=90,
-                               env=dict(os.environ, WINEDEBUG="-all"))
+            r = wine_run(["service", "install", "--name", name,
+                          "server", "--config", "service.toml"], cwd=work)
             installed = r.returncode == 0
             check("windows service: installed", installed and "sc.exe start" in r.stdout,
                   r.stdout + r.stderr)
-            subprocess.run(["wine", "sc", "start", name], capture_output=True, timeout=90,
-                           env=dict(os.environ, WINEDEBUG="-all"))
+            wine_run([], cmd=["wine", "sc", "start", name])
             up = wait_port(svc_port, 60)
             check("windows service: started, listening", up)
             if up:
