@@ -261,7 +261,7 @@ fn service_main(_: Vec<OsString>) {
 
 fn run(
     name: &str,
-    dir: &PathBuf,
+    dir: &std::path::Path,
     command: &[OsString],
     events: &super::event_log::EventLog,
 ) -> anyhow::Result<()> {
