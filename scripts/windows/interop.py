@@ -332,7 +332,13 @@ def main():
         # it is removed in any case.
         name = "longhaul-interop-" + os.urandom(3).hex()
         svc_port = free_port()
-        cfg = os.path.join(work, "service.toml")
+        # What a service (LocalSystem) reads must be changeable by no one
+        # else: a folder of its own in C:\ (this machine's /tmp is
+        # everyone's to write, and Wine says so).
+        svc_dir = os.path.join(os.environ["WINEPREFIX"], "drive_c", name)
+        os.mkdir(svc_dir, 0o755)
+        shutil.copy(os.path.join(work, "server.key"), svc_dir)
+        cfg = os.path.join(svc_dir, "service.toml")
         with open(cfg, "w") as f:
             f.write(f'listen = ["127.0.0.1:{svc_port}"]\nkey = "server.key"\n'
                     f'token = "{TOKEN}"\nallow = ["127.0.0.1:{target}"]\n')
@@ -341,8 +347,24 @@ def main():
         # program runs: one runs meanwhile.
         keep = start(["bench", "server", "--listen", f"127.0.0.1:{free_port()}"], windows=True)
         try:
+            r = wine_run(["service", "install", "--name", name, "server", "--config",
+                          "Z:" + cfg.replace("/", "\\")], cwd=work)
+            check("windows service: a folder everyone may write is refused",
+                  r.returncode != 0 and "can be replaced by Everyone" in r.stderr,
+                  r.stdout + r.stderr)
+            os.chmod(cfg, 0o666)
             r = wine_run(["service", "install", "--name", name,
-                          "server", "--config", "service.toml"], cwd=work)
+                          "server", "--config", "service.toml"], cwd=svc_dir)
+            check("windows service: a config file everyone may change is refused",
+                  r.returncode != 0 and "service.toml can be changed by Everyone" in r.stderr,
+                  r.stdout + r.stderr)
+            os.chmod(cfg, 0o644)
+            r = wine_run(["service", "install", "--name", "..\\x",
+                          "server", "--config", "service.toml"], cwd=svc_dir)
+            check("windows service: a name that is a path is refused",
+                  r.returncode != 0 and "a service name is" in r.stderr, r.stdout + r.stderr)
+            r = wine_run(["service", "install", "--name", name,
+                          "server", "--config", "service.toml"], cwd=svc_dir)
             installed = r.returncode == 0
             check("windows service: installed", installed and "sc.exe start" in r.stdout,
                   r.stdout + r.stderr)
@@ -364,6 +386,7 @@ def main():
                 check("windows service: stopped and uninstalled",
                       r.returncode == 0 and "uninstalled" in r.stdout, r.stdout + r.stderr)
         stop(keep)
+        shutil.rmtree(svc_dir, ignore_errors=True)
         logs_dir = os.path.join(os.environ["WINEPREFIX"], "drive_c", "users", "Public",
                                 "longhaul", "logs")
         svc_log = ""

@@ -394,8 +394,8 @@ pub enum ServiceCmd {
     /// (e.g. `longhaul service install server --config C:\longhaul\server.toml`).
     /// Relative paths are taken from the folder this is run in.
     Install {
-        /// The service's name.
-        #[arg(long, default_value = "longhaul")]
+        /// The service's name (letters, digits, '-', '_', '.'; its log files are named after it).
+        #[arg(long, default_value = "longhaul", value_parser = crate::values::parse_service_name)]
         name: String,
         /// The command the service runs: `server …` or `client …`, as typed to run it here.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, num_args = 1..)]
@@ -403,14 +403,14 @@ pub enum ServiceCmd {
     },
     /// Ask a service to read its configuration again (as `sc.exe control NAME paramchange`); its log says how it went.
     Reload {
-        /// The service's name.
-        #[arg(long, default_value = "longhaul")]
+        /// The service's name (letters, digits, '-', '_', '.'; its log files are named after it).
+        #[arg(long, default_value = "longhaul", value_parser = crate::values::parse_service_name)]
         name: String,
     },
     /// Stop a service `install` registered (a server drains first) and remove it.
     Uninstall {
-        /// The service's name.
-        #[arg(long, default_value = "longhaul")]
+        /// The service's name (letters, digits, '-', '_', '.'; its log files are named after it).
+        #[arg(long, default_value = "longhaul", value_parser = crate::values::parse_service_name)]
         name: String,
     },
     /// What the service manager starts (not for people).

@@ -4,6 +4,7 @@
 use longhaul_forward::auth::{AuthorizedKeys, ServerAuth, MAX_TOKEN};
 use longhaul_forward::policy::Policy;
 use longhaul_forward::server::Reloader;
+use longhaul_session::logs::shown;
 
 use crate::args::{Cli, Cmd, ServerArgs};
 
@@ -162,7 +163,7 @@ pub(crate) async fn by_control(a: crate::args::ReloadArgs) -> anyhow::Result<()>
             .collect();
         println!(
             "{} pid {}: {message}",
-            v["role"].as_str().unwrap_or("?"),
+            shown(v["role"].as_str().unwrap_or("?")),
             v["pid"]
         );
         if v["reloaded"] != true {

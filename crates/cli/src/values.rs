@@ -4,6 +4,18 @@
 
 use std::net::SocketAddr;
 
+/// A service's name: also its log files' and its Event Log source's, so no
+/// path separators or other punctuation.
+pub(crate) fn parse_service_name(s: &str) -> Result<String, String> {
+    let fine = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    match s.len() {
+        1..=64 if s.chars().all(fine) && !s.starts_with('.') => Ok(s.to_string()),
+        _ => Err(format!(
+            "'{s}': a service name is 1 to 64 letters, digits, '-', '_' or '.' (not first)"
+        )),
+    }
+}
+
 pub(crate) fn parse_delay(s: &str) -> Result<std::time::Duration, String> {
     longhaul_netem::parse_duration(s)
 }

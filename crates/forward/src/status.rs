@@ -211,7 +211,7 @@ pub fn human(v: &Value) -> String {
     let num = |x: &Value| x.as_f64().unwrap_or(0.0);
     let mut out = format!(
         "{} pid {} (up {}), {} session(s)\n",
-        v["role"].as_str().unwrap_or("?"),
+        shown(v["role"].as_str().unwrap_or("?")),
         v["pid"],
         dur(num(&v["uptime_s"])),
         v["sessions"].as_array().map_or(0, |a| a.len())
@@ -245,7 +245,7 @@ pub fn human(v: &Value) -> String {
         for t in s["streams"].as_array().into_iter().flatten() {
             // Source → target: the application here, or the peer there.
             // A target is the peer's string: escaped for the terminal.
-            let local = t["local"].as_str().unwrap_or("?");
+            let local = shown(t["local"].as_str().unwrap_or("?"));
             let dest = shown(t["dest"].as_str().unwrap_or("?"));
             let (from, to) = match t["opened_here"] == true {
                 true => (local.to_string(), dest.to_string()),

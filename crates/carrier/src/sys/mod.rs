@@ -66,7 +66,10 @@ pub mod private {
     #[cfg(unix)]
     pub use super::unix::create_private as create_new;
     #[cfg(windows)]
-    pub use super::windows_access::{create_new, user_sid, SecurityAttributes};
+    pub use super::windows_access::{
+        admin_folder, changeable_by_others, create_new, pipe_server_pid, user_sid,
+        SecurityAttributes,
+    };
 }
 
 #[cfg(target_os = "linux")]

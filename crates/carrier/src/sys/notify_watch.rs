@@ -1,8 +1,11 @@
-//! Elsewhere than Linux: a folder carrier's file-change notifications
-//! through the `notify` crate — ReadDirectoryChangesW on Windows, FSEvents
-//! on macOS, kqueue on the BSDs. Its thread hands each event's file name
-//! to a bounded queue and wakes the waiting thread (a `mio::Waker`) or
-//! task. Shares that deliver no events (SMB, VM shared folders) are
+//! Windows and macOS: a folder carrier's file-change notifications
+//! through the `notify` crate — ReadDirectoryChangesW, FSEvents. Its
+//! thread hands the name of each file of ours (the followed file, our
+//! stream's) to a bounded queue and wakes the waiting thread (a
+//! `mio::Waker`) or task; others' files wake no one. On the BSDs the
+//! folder is polled: notify's kqueue backend opens every file that
+//! appears in the folder (a FIFO there would block it, and each file
+//! holds a descriptor), which whoever writes the folder must not cause. Shares that deliver no events (SMB, VM shared folders) are
 //! caught as on Linux: a poll that finds what no event announced switches
 //! the folder to polling, with a log line.
 
@@ -26,12 +29,14 @@ pub struct DirNotifier {
     shared: Arc<Shared>,
     /// The file being followed.
     file: Option<PathBuf>,
-    /// File names of our stream start with this: `lh-<id>.<c|s>.`
-    prefix: String,
 }
 
 #[derive(Default)]
 struct Shared {
+    /// File names of our stream start with this: `lh-<id>.<c|s>.`
+    prefix: String,
+    /// The followed file's name.
+    followed: Mutex<Option<OsString>>,
     queue: Mutex<Queue>,
     thread: OnceLock<Arc<mio::Waker>>,
     task: AtomicWaker,
@@ -57,7 +62,20 @@ impl DirNotifier {
     /// Watches `dir` for new files of stream `key` (`""`: any carrier's)
     /// and for the folder going away.
     pub fn watch_dir(dir: &Path, key: &str) -> io::Result<DirNotifier> {
-        let shared = Arc::new(Shared::default());
+        if !cfg!(any(windows, target_os = "macos")) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "kqueue watches open every file in the folder",
+            ));
+        }
+        let prefix = match key {
+            "" => "lh-".to_string(),
+            k => format!("lh-{k}."),
+        };
+        let shared = Arc::new(Shared {
+            prefix,
+            ..Shared::default()
+        });
         let to = shared.clone();
         let top = dir.to_path_buf();
         let mut watcher =
@@ -66,15 +84,10 @@ impl DirNotifier {
         watcher
             .watch(dir, RecursiveMode::NonRecursive)
             .map_err(io::Error::other)?;
-        let prefix = match key {
-            "" => "lh-".to_string(),
-            k => format!("lh-{k}."),
-        };
         Ok(DirNotifier {
             watcher,
             shared,
             file: None,
-            prefix,
         })
     }
 
@@ -91,6 +104,11 @@ impl DirNotifier {
         // A failed watch leaves the folder's: polling catches the rest.
         let _ = self.watcher.watch(path, RecursiveMode::NonRecursive);
         self.file = Some(path.to_path_buf());
+        *self
+            .shared
+            .followed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = path.file_name().map(OsStr::to_os_string);
     }
 
     /// Wakes a thread's `mio::Poll` (through its one waker: a wake is
@@ -111,8 +129,9 @@ impl DirNotifier {
 
     /// Takes every queued event; true if one concerns our stream.
     pub fn drain(&mut self, _: &mut [u8]) -> bool {
+        // Only names of ours are queued.
         let mut q = self.shared.lock();
-        let found = q.folder || q.overflowed || q.names.iter().any(|n| self.ours(n));
+        let found = q.folder || q.overflowed || !q.names.is_empty();
         *q = Queue::default();
         found
     }
@@ -140,11 +159,6 @@ impl DirNotifier {
         self.shared.task.register(cx.waker());
         Ok(self.drain(&mut []))
     }
-
-    fn ours(&self, name: &OsStr) -> bool {
-        self.file.as_deref().and_then(Path::file_name) == Some(name)
-            || name.to_str().is_some_and(|n| n.starts_with(&self.prefix))
-    }
 }
 
 impl Shared {
@@ -159,16 +173,28 @@ impl Shared {
         self.task.wake();
     }
 
-    /// On the crate's thread: queues the names an event is about.
+    fn ours(&self, name: &OsStr) -> bool {
+        self.followed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_deref()
+            == Some(name)
+            || name.to_str().is_some_and(|n| n.starts_with(&self.prefix))
+    }
+
+    /// On the crate's thread: queues the names of ours an event is about,
+    /// and wakes the reader if there were any.
     fn push(&self, dir: &Path, event: notify::Result<Event>) {
         {
             let mut q = self.lock();
+            let before = (q.names.len(), q.overflowed, q.folder);
             match event {
                 Ok(e) if e.need_rescan() => q.overflowed = true,
                 Ok(e) => {
                     for p in &e.paths {
                         match p.file_name() {
                             _ if p == dir => q.folder = true,
+                            Some(n) if !self.ours(n) => {}
                             Some(_) if q.names.len() >= MAX_QUEUED => q.overflowed = true,
                             Some(n) => q.names.push_back(n.to_os_string()),
                             None => q.folder = true,
@@ -178,6 +204,9 @@ impl Shared {
                 // The watch failed (the folder went away, the system's
                 // queue overflowed): the readers look for themselves.
                 Err(_) => q.overflowed = true,
+            }
+            if (q.names.len(), q.overflowed, q.folder) == before {
+                return;
             }
         }
         self.wake();

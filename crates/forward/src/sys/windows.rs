@@ -3,8 +3,9 @@
 //! that refuses remote clients, and whose first instance must be ours (a
 //! name another user took first is refused, not shared). Its "path" is a
 //! marker file in `%LOCALAPPDATA%\longhaul` (`ROLE-PID.sock`, listed by
-//! `status`) naming the pipe `\\.\pipe\longhaul-` + that path; a path that
-//! is itself `\\.\pipe\…` is the pipe. The host's name from the
+//! `status`) naming the pipe `\\.\pipe\longhaul-` + that path and the
+//! serving process (an asker checks the pipe's server is that process); a
+//! path that is itself `\\.\pipe\…` is the pipe. The host's name from the
 //! environment.
 
 use std::io;
@@ -53,6 +54,24 @@ fn pipe_name(path: &Path) -> io::Result<String> {
     Ok(name)
 }
 
+/// The PID a marker names (its second line; the first is the pipe's name).
+fn marker_pid(path: &Path) -> io::Result<u32> {
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(std::fs::File::open(path)?, 1024),
+        &mut text,
+    )?;
+    text.lines()
+        .nth(1)
+        .and_then(|pid| pid.trim().parse().ok())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: not a longhaul control marker", path.display()),
+            )
+        })
+}
+
 fn is_pipe(path: &Path) -> bool {
     path.to_string_lossy().starts_with(r"\\.\pipe\")
 }
@@ -94,7 +113,7 @@ impl ControlListener {
                     }
                 }
             }
-            std::fs::write(path, name.as_bytes())?;
+            std::fs::write(path, format!("{name}\n{}\n", std::process::id()))?;
         }
         Ok(ControlListener {
             name,
@@ -104,22 +123,46 @@ impl ControlListener {
 
     pub async fn accept(&self) -> io::Result<ControlStream> {
         let mut next = self.next.lock().await;
-        next.connect().await?;
-        // The next asker's instance before this one is handed over.
+        let connected = next.connect().await;
+        // The next asker's instance before this one is handed over. An
+        // instance whose connect failed (an asker that closed first:
+        // ERROR_NO_DATA) cannot be used again: it is replaced too.
         let fresh = owner_only::create(&self.name, false)?;
-        Ok(ControlStream::Server(std::mem::replace(&mut *next, fresh)))
+        let this = std::mem::replace(&mut *next, fresh);
+        connected?;
+        Ok(ControlStream::Server(this))
     }
 }
 
+/// Opens the pipe a control path names. Through a marker (`ROLE-PID.sock`)
+/// the pipe must be served by that PID: a marker left by a process that
+/// ended names a pipe anyone could create since, and its answer is not
+/// asked for.
 pub async fn connect(path: &Path) -> io::Result<ControlStream> {
     let name = pipe_name(path)?;
+    let marked = match is_pipe(path) {
+        true => None,
+        false => Some(marker_pid(path)?),
+    };
     // All instances busy: wait a little, as the system's clients do.
     for _ in 0..50 {
         match ClientOptions::new().open(&name) {
             Err(e) if e.raw_os_error() == Some(231) => {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await
             }
-            r => return r.map(ControlStream::Client),
+            Err(e) => return Err(e),
+            Ok(pipe) => {
+                let server = longhaul_carrier::private::pipe_server_pid(&pipe)?;
+                if marked.is_some_and(|pid| pid != server) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!(
+                            "{name} is served by process {server}, not the one its marker names: not asked"
+                        ),
+                    ));
+                }
+                return Ok(ControlStream::Client(pipe));
+            }
         }
     }
     Err(io::Error::new(

@@ -4,7 +4,10 @@
 //! PARAMCHANGE; a command is run and waited for; `cp` is not built yet.
 
 mod event_log;
+mod param_change;
 mod service;
+
+use param_change::param_change;
 
 pub(crate) use service::{run_service, service};
 

@@ -2,7 +2,8 @@
 //! service manager starts one: the installed `server …` or `client …`
 //! command, logging to a file rotated daily (errors also to the Event
 //! Log); the manager's stop is the first stop signal (a server drains),
-//! PARAMCHANGE a reload.
+//! PARAMCHANGE a reload. What a service runs and where it logs are
+//! changeable by Administrators only, checked.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -27,13 +28,12 @@ use crate::args::{Cli, Cmd, ServiceCmd};
 
 /// Daily log files kept (`%ProgramData%\longhaul\logs\NAME.YYYY-MM-DD.log`).
 const LOG_FILES_KEPT: usize = 14;
-/// What the manager is told a stop may take: a server's drain (30 s by
-/// default) and its end.
+/// What the manager is told a stop may take beyond a server's drain.
+const STOP_MARGIN: Duration = Duration::from_secs(15);
+/// A client's stop, or a server's with the default 30 s drain.
 const STOP_HINT: Duration = Duration::from_secs(45);
-/// The control `longhaul service reload` sends (user-defined codes are
-/// 128–255): the same as PARAMCHANGE, which no Windows API but `sc.exe`
-/// sends.
-const RELOAD_CODE: u32 = 128;
+/// This service's stop: its drain and [`STOP_MARGIN`].
+static STOP_TAKES: OnceLock<Duration> = OnceLock::new();
 
 static STOPS: LazyLock<watch::Sender<u64>> = LazyLock::new(|| watch::channel(0).0);
 static STOPS_TAKEN: AtomicU64 = AtomicU64::new(0);
@@ -93,6 +93,7 @@ fn install(name: &str, command: Vec<OsString>) -> anyhow::Result<()> {
         Cmd::Server(_) => "server",
         _ => "client",
     };
+    only_admins_change(&dir, &command)?;
     let manager = ServiceManager::local_computer(
         None::<&str>,
         ServiceManagerAccess::CONNECT | ServiceManagerAccess::CREATE_SERVICE,
@@ -130,6 +131,36 @@ fn install(name: &str, command: Vec<OsString>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A service runs as LocalSystem: whoever could change its program, its
+/// folder or a file its command names (its config, keys, tokens) could
+/// run their own code or configuration as the system. Each must be
+/// changeable by SYSTEM, Administrators and the installing user only.
+fn only_admins_change(dir: &std::path::Path, command: &[OsString]) -> anyhow::Result<()> {
+    let mut paths = vec![std::env::current_exe()?, dir.to_path_buf()];
+    for arg in command {
+        let arg = arg.to_string_lossy();
+        // `--flag=value`, or the value on its own.
+        let value = match arg.split_once('=') {
+            Some((flag, v)) if flag.starts_with('-') => v,
+            _ => &arg,
+        };
+        let path = dir.join(value);
+        if path.is_file() {
+            paths.push(path);
+        }
+    }
+    for path in paths {
+        if let Some(why) = longhaul_carrier::private::changeable_by_others(&path)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        {
+            anyhow::bail!(
+                "{why}, and a service runs as LocalSystem: keep the program, its folder and the files it reads where only Administrators write (C:\\Program Files\\longhaul, %ProgramData%\\longhaul)"
+            );
+        }
+    }
+    Ok(())
+}
+
 fn uninstall(name: &str) -> anyhow::Result<()> {
     let manager = ServiceManager::local_computer(None::<&str>, ServiceManagerAccess::CONNECT)
         .map_err(|e| {
@@ -143,13 +174,16 @@ fn uninstall(name: &str) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("no service '{name}' to uninstall ({e})"))?;
     if service.query_status()?.current_state != ServiceState::Stopped {
         println!("stopping '{name}' (a server drains its sessions first)…");
-        let _ = service.stop();
-        let until = std::time::Instant::now() + STOP_HINT;
+        // The service says what its stop takes once it has begun.
+        let takes = service
+            .stop()
+            .map_or(STOP_HINT, |s| s.wait_hint.max(STOP_HINT));
+        let until = std::time::Instant::now() + takes;
         while service.query_status()?.current_state != ServiceState::Stopped {
             if std::time::Instant::now() > until {
                 anyhow::bail!(
                     "'{name}' did not stop within {}s; try again",
-                    STOP_HINT.as_secs()
+                    takes.as_secs()
                 );
             }
             std::thread::sleep(Duration::from_millis(250));
@@ -160,17 +194,18 @@ fn uninstall(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Sends PARAMCHANGE, which only those who may pause the service may
+/// send (Administrators, by default): a user-defined control would let
+/// any interactive user ask.
 fn reload(name: &str) -> anyhow::Result<()> {
-    let manager = ServiceManager::local_computer(None::<&str>, ServiceManagerAccess::CONNECT)
-        .map_err(|e| anyhow::anyhow!("cannot reach the service manager ({e})"))?;
-    let service = manager
-        .open_service(name, ServiceAccess::USER_DEFINED_CONTROL)
-        .map_err(|e| {
+    super::param_change(name).map_err(|e| match e.raw_os_error() {
+        // ERROR_ACCESS_DENIED
+        Some(5) => {
             anyhow::anyhow!("cannot reach service '{name}' ({e}): run this as Administrator")
-        })?;
-    let code = windows_service::service::UserEventCode::from_raw(RELOAD_CODE)?;
-    service.notify(code).map_err(|e| {
-        anyhow::anyhow!("service '{name}' did not take the reload ({e}): is it running?")
+        }
+        // ERROR_SERVICE_DOES_NOT_EXIST
+        Some(1060) => anyhow::anyhow!("no service '{name}' ({e})"),
+        _ => anyhow::anyhow!("service '{name}' did not take the reload ({e}): is it running?"),
     })?;
     println!(
         "asked '{name}' to reload; its log says how it went (%ProgramData%\\longhaul\\logs\\{name}.*.log)"
@@ -202,7 +237,10 @@ fn set_state(state: ServiceState, exit: u32) {
                 | ServiceControlAccept::PARAM_CHANGE,
             Duration::ZERO,
         ),
-        ServiceState::StopPending => (ServiceControlAccept::empty(), STOP_HINT),
+        ServiceState::StopPending => (
+            ServiceControlAccept::empty(),
+            *STOP_TAKES.get().unwrap_or(&STOP_HINT),
+        ),
         _ => (ServiceControlAccept::empty(), Duration::ZERO),
     };
     let _ = handle.set_service_status(ServiceStatus {
@@ -231,10 +269,6 @@ fn service_main(_: Vec<OsString>) {
             ServiceControlHandlerResult::NoError
         }
         ServiceControl::ParamChange => {
-            RELOADS.send_modify(|n| *n += 1);
-            ServiceControlHandlerResult::NoError
-        }
-        ServiceControl::UserEvent(code) if code.to_raw() == RELOAD_CODE => {
             RELOADS.send_modify(|n| *n += 1);
             ServiceControlHandlerResult::NoError
         }
@@ -268,11 +302,18 @@ fn run(
     use tracing_subscriber::layer::{Layer, SubscriberExt};
     std::env::set_current_dir(dir).map_err(|e| anyhow::anyhow!("folder {}: {e}", dir.display()))?;
     let cli = parse(command)?;
+    if let Cmd::Server(a) = &cli.cmd {
+        let _ = STOP_TAKES.set(a.drain_timeout + STOP_MARGIN);
+    }
     let logs = std::env::var_os("ProgramData")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir)
         .join("longhaul")
         .join("logs");
+    // A folder a user made first (ProgramData lets them) or turned into a
+    // junction would take the system's writes, and its old files' removal.
+    longhaul_carrier::private::admin_folder(&logs)
+        .map_err(|e| anyhow::anyhow!("log folder {}: {e}", logs.display()))?;
     let file = tracing_appender::rolling::Builder::new()
         .rotation(tracing_appender::rolling::Rotation::DAILY)
         .filename_prefix(name)
