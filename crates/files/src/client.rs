@@ -1,21 +1,19 @@
 //! The client's side of one stream: requests, and the copies themselves.
 
-use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context};
 use longhaul_session::{LocalStream, ServicePipe, SessionHandle};
-use rustix::fs::{FlockOperation, OFlags};
 
 use blake3::Hasher;
 
 use crate::local::LocalDest;
 use crate::part::Part;
 use crate::root::{RelPath, MAX_DEPTH};
+use crate::sys::{self, FileKind};
 use crate::transfer::{self, receive_file, send_file, TransferError, Version};
 use crate::wire::{self, Entry, Kind, ListItem, Request, MAX_LIST_BYTES, MAX_LIST_ENTRIES};
 use crate::SERVICE;
@@ -176,8 +174,9 @@ impl Conn {
         let shown = dest.shown.display();
         let (dir, name) = dest.open_parent()?;
         let part = Part::open(dir, name).with_context(|| format!("cannot write {shown}"))?;
-        rustix::fs::flock(&part.file, FlockOperation::NonBlockingLockExclusive)
-            .map_err(|_| anyhow!("{shown}: another copy to this file is in progress"))?;
+        if !sys::try_lock(&part.file) {
+            bail!("{shown}: another copy to this file is in progress");
+        }
         let file = &part.file;
         let have = file.metadata()?.len();
         let mut hasher = Hasher::new();
@@ -238,30 +237,23 @@ impl Conn {
         found: Option<(u64, u64)>,
         c: &Counters,
     ) -> anyhow::Result<Copied> {
-        // O_NONBLOCK: a FIFO swapped in since the plan cannot block us.
+        // Non-blocking: a FIFO swapped in since the plan cannot block us.
         // A file found inside a folder: no link followed, and still the
         // file that was found there.
-        let mut flags = OFlags::NONBLOCK | OFlags::NOCTTY;
-        if found.is_some() {
-            flags |= OFlags::NOFOLLOW;
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(flags.bits() as i32)
-            .open(src)
+        let file = sys::open_source(src, found.is_some())
             .with_context(|| format!("cannot open {}", src.display()))?;
-        let meta = file.metadata()?;
-        if !meta.is_file() {
+        let meta = sys::file_stat(&file)?;
+        if meta.kind != FileKind::File {
             bail!("{}: not a regular file", src.display());
         }
-        if found.is_some_and(|f| f != (meta.dev(), meta.ino())) {
+        if found.is_some_and(|f| f != meta.id) {
             bail!(
                 "{} changed since the folder was read: not sent",
                 src.display()
             );
         }
         let version = Version::of(&file)?;
-        let mode = meta.permissions().mode();
+        let mode = meta.mode;
         self.request(&Request::Put {
             path: dest.to_vec(),
             size: version.size,

@@ -33,6 +33,8 @@ pub mod root;
 #[cfg(target_os = "linux")]
 pub mod serve;
 #[cfg(target_os = "linux")]
+mod sys;
+#[cfg(target_os = "linux")]
 pub mod transfer;
 #[cfg(not(target_os = "linux"))]
 mod unbuilt;
@@ -61,58 +63,5 @@ impl std::str::FromStr for Access {
     }
 }
 
-/// The soft limit on open files now (None: unlimited).
 #[cfg(target_os = "linux")]
-pub fn open_files_limit() -> Option<u64> {
-    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
-}
-
-/// Raises this process's soft limit on open files to its hard limit, once
-/// at start: each session, stream, file being copied and folder being
-/// listed holds a descriptor, and the soft limit (often 1 024) is reached
-/// long before memory or the other bounds. Returns the soft limit before
-/// and after. A hard limit of "unlimited" is taken as `fs.nr_open` (above
-/// which the kernel refuses; 2²⁰, its default, if it cannot be read).
-#[cfg(target_os = "linux")]
-pub fn raise_nofile_limit() -> std::io::Result<(u64, u64)> {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    let now = getrlimit(Resource::Nofile);
-    let before = now.current.unwrap_or(u64::MAX);
-    let want = now.maximum.unwrap_or_else(|| {
-        std::fs::read_to_string("/proc/sys/fs/nr_open")
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(1 << 20)
-    });
-    if before >= want {
-        return Ok((before, before));
-    }
-    let new = Rlimit {
-        current: Some(want),
-        maximum: now.maximum,
-    };
-    setrlimit(Resource::Nofile, new)?;
-    Ok((before, want))
-}
-
-#[cfg(all(test, target_os = "linux"))]
-mod tests {
-    #[test]
-    fn the_open_files_limit_is_raised_to_the_hard_one() {
-        use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-        let hard = getrlimit(Resource::Nofile).maximum;
-        let low = hard.unwrap_or(4096).min(256);
-        setrlimit(
-            Resource::Nofile,
-            Rlimit {
-                current: Some(low),
-                maximum: hard,
-            },
-        )
-        .unwrap();
-        let (before, after) = super::raise_nofile_limit().unwrap();
-        assert_eq!(before, low);
-        assert_eq!(Some(after), getrlimit(Resource::Nofile).current);
-        assert!(hard.is_none() || Some(after) == hard);
-    }
-}
+pub use sys::{open_files_limit, raise_nofile_limit};

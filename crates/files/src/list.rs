@@ -11,16 +11,12 @@
 //! entries, [`MAX_LIST_BYTES`] bytes of paths, a path longer than
 //! [`MAX_PATH`], or [`MAX_LOOKED_AT`] directory entries read.
 
-use std::ffi::OsStr;
 use std::io::{self, Write};
-use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt;
-
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
-use rustix::io::Errno;
+use std::path::Path;
 
 use crate::part::PART_DIR;
 use crate::root::MAX_DEPTH;
+use crate::sys::{self, Dir, FileKind, Why};
 use crate::wire::{self, Entry, Kind, ListItem, MAX_LIST_BYTES, MAX_LIST_ENTRIES, MAX_PATH};
 
 /// Bytes of names of folders found but not yet read, at most: a folder
@@ -53,7 +49,7 @@ fn failed(msg: impl Into<String>) -> Stop {
 /// before what it holds; symbolic links, special files and partial copies
 /// left out), then the end or why the walk stopped. An error is the
 /// stream's (it cannot go on).
-pub fn stream(base: OwnedFd, w: &mut impl Write) -> io::Result<()> {
+pub fn stream(base: Dir, w: &mut impl Write) -> io::Result<()> {
     let mut walk = Walk {
         base,
         w,
@@ -75,7 +71,7 @@ pub fn stream(base: OwnedFd, w: &mut impl Write) -> io::Result<()> {
 }
 
 struct Walk<'a, W: Write> {
-    base: OwnedFd,
+    base: Dir,
     w: &'a mut W,
     out: Vec<u8>,
     entries: u32,
@@ -97,13 +93,10 @@ struct Level {
 impl<W: Write> Walk<'_, W> {
     fn run(&mut self) -> Result<(), Stop> {
         let mut prefix = Vec::new();
-        let first = rustix::fs::openat(
-            &self.base,
-            ".",
-            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| failed(format!("read folder: {e}")))?;
+        let first = self
+            .base
+            .reopen()
+            .map_err(|e| failed(format!("read folder: {e}")))?;
         let names = self.read_folder(first, &prefix)?;
         let mut stack = vec![Level {
             names,
@@ -131,19 +124,12 @@ impl<W: Write> Walk<'_, W> {
             }
             // Again from the listed folder, beneath it and through no
             // symbolic link: a folder swapped for one meanwhile is skipped.
-            let fd = match rustix::fs::openat2(
-                &self.base,
-                OsStr::from_bytes(&prefix),
-                OFlags::DIRECTORY
-                    | OFlags::RDONLY
-                    | OFlags::NOFOLLOW
-                    | OFlags::NONBLOCK
-                    | OFlags::CLOEXEC,
-                Mode::empty(),
-                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-            ) {
+            let fd = match self
+                .base
+                .dir_beneath_nofollow(Path::new(&*sys::name_os(&prefix)))
+            {
                 Ok(fd) => fd,
-                Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR | Errno::XDEV) => continue,
+                Err(e) if sys::why(&e) != Why::Other => continue,
                 Err(e) => return Err(failed(format!("open folder: {e}"))),
             };
             let names = self.read_folder(fd, &prefix)?;
@@ -157,32 +143,29 @@ impl<W: Write> Walk<'_, W> {
     }
 
     /// Sends the entries of one folder; returns its subfolders' names.
-    fn read_folder(&mut self, fd: OwnedFd, prefix: &[u8]) -> Result<Vec<u8>, Stop> {
-        let read_err = |e: Errno| failed(format!("read folder: {e}"));
+    fn read_folder(&mut self, dir: Dir, prefix: &[u8]) -> Result<Vec<u8>, Stop> {
+        let read_err = |e: io::Error| failed(format!("read folder: {e}"));
         let mut names = Vec::new();
-        let mut dir = rustix::fs::Dir::new(fd).map_err(read_err)?;
-        while let Some(e) = dir.next() {
-            let e = e.map_err(read_err)?;
+        for name in dir.entries().map_err(read_err)? {
+            let name = name.map_err(read_err)?;
+            let name = &name[..];
             self.looked_at += 1;
             if self.looked_at > MAX_LOOKED_AT {
                 return Err(failed(format!(
                     "more than {MAX_LOOKED_AT} entries: copy its folders one by one"
                 )));
             }
-            let name = e.file_name().to_bytes();
-            if name == b"." || name == b".." || name == PART_DIR.as_bytes() {
+            if name == PART_DIR.as_bytes() {
                 continue;
             }
-            let at = dir.fd().map_err(read_err)?;
-            let st =
-                match rustix::fs::statat(at, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW) {
-                    Ok(st) => st,
-                    Err(Errno::NOENT) => continue,
-                    Err(e) => return Err(failed(format!("stat: {e}"))),
-                };
-            match FileType::from_raw_mode(st.st_mode) {
-                FileType::RegularFile => self.emit(Kind::File, st.st_size as u64, prefix, name)?,
-                FileType::Directory => {
+            let st = match dir.stat_at(name) {
+                Ok(st) => st,
+                Err(e) if sys::why(&e) == Why::NotFound => continue,
+                Err(e) => return Err(failed(format!("stat: {e}"))),
+            };
+            match st.kind {
+                FileKind::File => self.emit(Kind::File, st.size, prefix, name)?,
+                FileKind::Dir => {
                     self.emit(Kind::Dir, 0, prefix, name)?;
                     self.pending += name.len() + 1;
                     if self.pending > MAX_PENDING {
@@ -244,7 +227,7 @@ mod tests {
 
     /// The listing of `dir`: its entries' paths and how it ended.
     fn list(dir: &Path) -> (Vec<String>, ListItem) {
-        let fd = rustix::fs::open(dir, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap();
+        let fd = Dir::open(dir).unwrap();
         let mut b = vec![];
         stream(fd, &mut b).unwrap();
         let mut r = &b[..];
@@ -321,7 +304,7 @@ mod tests {
         for i in 0..2000 {
             std::fs::write(d.join(format!("{i:04}{}", "n".repeat(100))), b"").unwrap();
         }
-        let fd = rustix::fs::open(&d, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap();
+        let fd = Dir::open(&d).unwrap();
         assert!(stream(fd, &mut Broken).is_err());
         std::fs::remove_dir_all(&d).unwrap();
     }

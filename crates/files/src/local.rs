@@ -8,20 +8,17 @@
 //! destination as the user wrote it is followed: that is the user's
 //! choice.
 
-use std::ffi::OsStr;
-use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
-use rustix::io::Errno;
+
+use crate::sys::{self, Dir, FileKind, Why};
 
 /// A file to write: its path beneath a folder the user named.
 #[derive(Debug, Clone)]
 pub struct LocalDest {
-    base: Arc<OwnedFd>,
+    base: Arc<Dir>,
     /// Components beneath `base` (at least one: the file's name).
     rel: Vec<Vec<u8>>,
     /// The path as the user sees it, for messages.
@@ -30,7 +27,7 @@ pub struct LocalDest {
 
 impl LocalDest {
     /// `rel` (not empty) beneath the folder `base`, shown as `shown`.
-    pub fn new(base: Arc<OwnedFd>, rel: Vec<Vec<u8>>, shown: PathBuf) -> LocalDest {
+    pub fn new(base: Arc<Dir>, rel: Vec<Vec<u8>>, shown: PathBuf) -> LocalDest {
         debug_assert!(!rel.is_empty());
         LocalDest { base, rel, shown }
     }
@@ -41,16 +38,18 @@ impl LocalDest {
             .file_name()
             .ok_or_else(|| anyhow!("{}: not a file name", p.display()))?;
         let base = open_named(parent(p))?;
+        let name = sys::name_bytes(name)
+            .ok_or_else(|| anyhow!("{}: not a name this system can write", p.display()))?;
         Ok(LocalDest::new(
             Arc::new(base),
-            vec![name.as_bytes().to_vec()],
+            vec![name.to_vec()],
             p.to_path_buf(),
         ))
     }
 
     /// Opens the folder the file goes in (it exists: the plan made it),
     /// and the file's name.
-    pub fn open_parent(&self) -> anyhow::Result<(OwnedFd, &[u8])> {
+    pub fn open_parent(&self) -> anyhow::Result<(Dir, &[u8])> {
         let (name, folders) = self.rel.split_last().expect("a name");
         let dir = open_beneath(&self.base, folders, false, &self.shown)?;
         Ok((dir, name))
@@ -66,13 +65,8 @@ pub fn parent(p: &Path) -> &Path {
 }
 
 /// Opens a folder the user named, following links as the shell would.
-pub fn open_named(p: &Path) -> anyhow::Result<OwnedFd> {
-    rustix::fs::open(
-        p,
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .with_context(|| format!("cannot open {}", p.display()))
+pub fn open_named(p: &Path) -> anyhow::Result<Dir> {
+    Dir::open(p).with_context(|| format!("cannot open {}", p.display()))
 }
 
 /// Opens the folder `comps` beneath `base`, one component at a time and
@@ -80,62 +74,48 @@ pub fn open_named(p: &Path) -> anyhow::Result<OwnedFd> {
 /// umask's permissions, as `mkdir` does). `shown` names the place in
 /// messages.
 pub fn open_beneath(
-    base: &OwnedFd,
+    base: &Dir,
     comps: &[Vec<u8>],
     create: bool,
     shown: &Path,
-) -> anyhow::Result<OwnedFd> {
-    let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let mut at = rustix::fs::openat(base, ".", flags, Mode::empty())?;
+) -> anyhow::Result<Dir> {
+    let mut at = base.reopen()?;
     let mut path = PathBuf::new();
-    let me = rustix::process::geteuid().as_raw();
-    for (depth, c) in comps.iter().enumerate() {
-        let name = OsStr::from_bytes(c);
-        path.push(name);
+    for (depth, name) in comps.iter().enumerate() {
+        path.push(sys::name_os(name));
         if create {
-            // 0700: a folder's mode is not carried by the copy, and a new
-            // one must never be wider than its source was.
-            match rustix::fs::mkdirat(&at, name, Mode::from_raw_mode(0o700)) {
-                Ok(()) | Err(Errno::EXIST) => {}
-                Err(e) => {
-                    return Err(anyhow!("cannot make {}: {e}", where_(shown, &path)));
-                }
-            }
+            at.make_dir(name)
+                .map_err(|e| anyhow!("cannot make {}: {e}", where_(shown, &path)))?;
         }
-        // O_DIRECTORY with O_NOFOLLOW says ENOTDIR for a link: look.
-        let is_link = |at: &OwnedFd| {
-            rustix::fs::statat(at, name, AtFlags::SYMLINK_NOFOLLOW)
-                .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink)
-        };
-        // The folder named like the copied one may be the user's own link
-        // to a folder of their own (`~/photos -> /mnt/big/photos`), as cp
-        // and scp allow; deeper links never.
-        let own_link = |at: &OwnedFd| {
-            depth == 0
-                && rustix::fs::statat(at, name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
-                    FileType::from_raw_mode(st.st_mode) == FileType::Symlink && st.st_uid == me
-                })
-        };
-        let next = match rustix::fs::openat(&at, name, flags, Mode::empty()) {
-            Err(Errno::LOOP | Errno::NOTDIR) if own_link(&at) => {
-                rustix::fs::openat(&at, name, flags - OFlags::NOFOLLOW, Mode::empty())
+        // No-follow on a folder's name says "not a folder" for a link: look.
+        let link = |at: &Dir| at.stat_at(name).ok().filter(|st| st.kind == FileKind::Link);
+        let next = match at.subdir(name) {
+            // The folder named like the copied one may be the user's own
+            // link to a folder of their own (`~/photos -> /mnt/big/photos`),
+            // as cp and scp allow; deeper links never.
+            Err(e)
+                if sys::why(&e) == Why::LinkOrNotDir
+                    && depth == 0
+                    && link(&at).is_some_and(|st| st.mine) =>
+            {
+                at.subdir_following(name)
             }
             r => r,
         };
-        at = next.map_err(|e| match e {
-            Errno::LOOP | Errno::NOTDIR if is_link(&at) => anyhow!(
+        at = next.map_err(|e| match sys::why(&e) {
+            Why::LinkOrNotDir if link(&at).is_some() => anyhow!(
                 "{} is a symbolic link: refused (a download never writes through one; \
                  copy to the folder it points to instead)",
                 where_(shown, &path)
             ),
-            Errno::NOTDIR => anyhow!("{} is not a folder", where_(shown, &path)),
-            e => anyhow!("cannot open {}: {e}", where_(shown, &path)),
+            Why::LinkOrNotDir => anyhow!("{} is not a folder", where_(shown, &path)),
+            _ => anyhow!("cannot open {}: {e}", where_(shown, &path)),
         })?;
         // A folder another user made (first, in a shared place like /tmp)
         // is theirs to read and change: never copied into.
         if create {
-            let st = rustix::fs::fstat(&at)?;
-            if st.st_uid != me && st.st_uid != 0 {
+            let st = at.stat()?;
+            if !st.mine && !st.system {
                 return Err(anyhow!(
                     "{} belongs to another user: refused (copy into a folder of your own)",
                     where_(shown, &path)

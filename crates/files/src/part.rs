@@ -10,15 +10,10 @@
 //! link, owned by us: a hard link, a FIFO or a device placed there is
 //! refused, never written through or waited on.
 
-use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
-use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt;
-use std::sync::OnceLock;
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
-use rustix::io::Errno;
+use crate::sys::{self, Dir, FileKind, Why};
 
 /// The folder, beside the final names, that holds their partial copies.
 pub const PART_DIR: &str = ".longhaul-partial";
@@ -27,9 +22,9 @@ pub const PART_DIR: &str = ".longhaul-partial";
 #[derive(Debug)]
 pub struct Part {
     /// The folder of the final name.
-    dir: OwnedFd,
+    dir: Dir,
     /// `dir/.longhaul-partial`.
-    state: OwnedFd,
+    state: Dir,
     name: Vec<u8>,
     pub file: File,
 }
@@ -45,7 +40,7 @@ fn show(name: &[u8]) -> String {
 impl Part {
     /// Opens (or makes) the partial copy of `name` in the folder `dir`. It
     /// is not locked: callers lock it (`flock`) as they need.
-    pub fn open(dir: OwnedFd, name: &[u8]) -> io::Result<Part> {
+    pub fn open(dir: Dir, name: &[u8]) -> io::Result<Part> {
         // A copy that finishes removes the state folder when it is empty:
         // one that opened it just before finds it gone, and makes it again.
         let mut tries = 0;
@@ -53,9 +48,7 @@ impl Part {
             tries += 1;
             let state = open_state(&dir)?;
             match open_file(&state, name) {
-                Err(e) if e.raw_os_error() == Some(Errno::NOENT.raw_os_error()) && tries < 5 => {
-                    continue
-                }
+                Err(e) if sys::why(&e) == Why::NotFound && tries < 5 => continue,
                 Err(e) => return Err(e),
                 Ok(file) => {
                     return Ok(Part {
@@ -70,7 +63,7 @@ impl Part {
     }
 
     /// The folder the final name is in.
-    pub fn dir(&self) -> &OwnedFd {
+    pub fn dir(&self) -> &Dir {
         &self.dir
     }
 
@@ -79,123 +72,83 @@ impl Part {
     pub fn finish(self, mode: u32) -> io::Result<()> {
         let placed = self.place(mode);
         if placed.is_err() {
-            let _ =
-                rustix::fs::unlinkat(&self.state, OsStr::from_bytes(&self.name), AtFlags::empty());
+            let _ = self.state.remove_file(&self.name);
         }
         self.tidy();
         placed
     }
 
     fn place(&self, mode: u32) -> io::Result<()> {
-        let name = OsStr::from_bytes(&self.name);
-        let existing = match rustix::fs::statat(&self.dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
-                Some(st.st_mode)
-            }
+        let name = &self.name;
+        let existing = match self.dir.stat_at(name) {
+            Ok(st) if st.kind == FileKind::File => Some(st.mode),
             _ => None,
         };
-        rustix::fs::fchmod(&self.file, Mode::from_raw_mode(final_mode(mode, existing)))?;
-        Ok(rustix::fs::renameat(&self.state, name, &self.dir, name)?)
+        sys::set_mode(&self.file, final_mode(mode, existing))?;
+        self.state.rename(name, &self.dir, name)
     }
 
     /// Removes the partial copy (its contents are not to be trusted).
     pub fn remove(self) {
-        let _ = rustix::fs::unlinkat(&self.state, OsStr::from_bytes(&self.name), AtFlags::empty());
+        let _ = self.state.remove_file(&self.name);
         self.tidy();
     }
 
     /// Removes the state folder if nothing else is in it.
     fn tidy(&self) {
-        let _ = rustix::fs::unlinkat(&self.dir, PART_DIR, AtFlags::REMOVEDIR);
+        let _ = self.dir.remove_dir(PART_DIR.as_bytes());
     }
 }
 
 /// Opens `dir/.longhaul-partial`, making it if needed; refuses one that is
 /// not a folder of ours.
-fn open_state(dir: &OwnedFd) -> io::Result<OwnedFd> {
-    match rustix::fs::mkdirat(dir, PART_DIR, Mode::from_raw_mode(0o700)) {
-        Ok(()) | Err(Errno::EXIST) => {}
-        Err(e) => return Err(io::Error::other(format!("cannot make {PART_DIR}: {e}"))),
-    }
-    let state = rustix::fs::openat(
-        dir,
-        PART_DIR,
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| match e {
+fn open_state(dir: &Dir) -> io::Result<Dir> {
+    let name = PART_DIR.as_bytes();
+    dir.make_dir(name)
+        .map_err(|e| io::Error::other(format!("cannot make {PART_DIR}: {e}")))?;
+    let state = dir.subdir(name).map_err(|e| match sys::why(&e) {
         // Removed meanwhile by a copy that finished: made again.
-        Errno::NOENT => io::Error::from(e),
-        Errno::LOOP | Errno::NOTDIR => refused(format!("{PART_DIR} is not a folder: refused")),
-        e => io::Error::other(format!("cannot open {PART_DIR}: {e}")),
+        Why::NotFound => e,
+        Why::LinkOrNotDir => refused(format!("{PART_DIR} is not a folder: refused")),
+        _ => io::Error::other(format!("cannot open {PART_DIR}: {e}")),
     })?;
-    let st = rustix::fs::fstat(&state)?;
-    if st.st_uid != rustix::process::geteuid().as_raw() {
+    let st = state.stat()?;
+    if !st.mine {
         return Err(refused(format!(
             "{PART_DIR} belongs to another user (uid {}): refused",
-            st.st_uid
+            st.owner
         )));
     }
     // Ours but opened up (by hand): only we may place files in it.
-    if st.st_mode & 0o077 != 0 {
-        rustix::fs::fchmod(&state, Mode::from_raw_mode(0o700))?;
+    if st.mode & 0o077 != 0 {
+        state.make_private()?;
     }
     Ok(state)
 }
 
-fn open_file(state: &OwnedFd, name: &[u8]) -> io::Result<File> {
-    // O_NONBLOCK: a FIFO put there answers at once instead of blocking.
-    let fd = rustix::fs::openat(
-        state,
-        OsStr::from_bytes(name),
-        OFlags::RDWR
-            | OFlags::CREATE
-            | OFlags::NOFOLLOW
-            | OFlags::NONBLOCK
-            | OFlags::NOCTTY
-            | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )
-    .map_err(|e| match e {
-        Errno::LOOP => refused(format!(
+fn open_file(state: &Dir, name: &[u8]) -> io::Result<File> {
+    let file = state.open_part(name).map_err(|e| match sys::why(&e) {
+        Why::LinkOrNotDir => refused(format!(
             "{PART_DIR}/{} is a symbolic link: refused",
             show(name)
         )),
-        e => io::Error::from(e),
+        _ => e,
     })?;
-    let st = rustix::fs::fstat(&fd)?;
+    let st = sys::file_stat(&file)?;
     let what = format!("{PART_DIR}/{}", show(name));
-    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+    if st.kind != FileKind::File {
         return Err(refused(format!("{what} is not a regular file: refused")));
     }
-    if st.st_nlink != 1 {
+    if st.links != 1 {
         return Err(refused(format!(
             "{what} has {} links (a hard link placed there): refused",
-            st.st_nlink
+            st.links
         )));
     }
-    if st.st_uid != rustix::process::geteuid().as_raw() {
+    if !st.mine {
         return Err(refused(format!("{what} belongs to another user: refused")));
     }
-    let flags = rustix::fs::fcntl_getfl(&fd)?;
-    rustix::fs::fcntl_setfl(&fd, flags.difference(OFlags::NONBLOCK))?;
-    Ok(File::from(fd))
-}
-
-/// This process's umask, read once (from `/proc/self/status`: setting it to
-/// read it back would race with other threads creating files). If it
-/// cannot be read, 077: permissions are never widened by a guess.
-pub fn umask() -> u32 {
-    static UMASK: OnceLock<u32> = OnceLock::new();
-    *UMASK.get_or_init(|| {
-        std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|s| {
-                let l = s.lines().find(|l| l.starts_with("Umask:"))?;
-                u32::from_str_radix(l.split_whitespace().nth(1)?, 8).ok()
-            })
-            .unwrap_or(0o077)
-    })
+    Ok(file)
 }
 
 /// The permissions a received file gets: the source's read, write and
@@ -203,7 +156,7 @@ pub fn umask() -> u32 {
 /// does — and no more than an existing file of that name had, so a copy
 /// never widens access to what it replaces.
 pub fn final_mode(source: u32, existing: Option<u32>) -> u32 {
-    let mode = source & 0o777 & !umask();
+    let mode = source & 0o777 & !sys::umask();
     match existing {
         Some(e) => mode & e,
         None => mode,
@@ -216,8 +169,8 @@ mod tests {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::path::Path;
 
-    fn open_dir(p: &Path) -> OwnedFd {
-        rustix::fs::open(p, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap()
+    fn open_dir(p: &Path) -> Dir {
+        Dir::open(p).unwrap()
     }
 
     fn tmp(name: &str) -> std::path::PathBuf {
@@ -298,7 +251,7 @@ mod tests {
 
     #[test]
     fn modes_are_kept_masked_and_never_widened() {
-        let u = umask();
+        let u = sys::umask();
         assert_eq!(final_mode(0o100755, None), 0o755 & !u);
         assert_eq!(
             final_mode(0o104755, None) & 0o7000,

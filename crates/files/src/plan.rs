@@ -2,20 +2,16 @@
 //! streams at once.
 
 use std::collections::VecDeque;
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use std::os::fd::OwnedFd;
-
 use anyhow::{anyhow, bail, Context};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use crate::client::{Conn, Copied, Counters, Remote};
 use crate::local::{self, LocalDest};
 use crate::part::PART_DIR;
 use crate::root::RelPath;
+use crate::sys::{self, Dir, FileKind};
 use crate::wire::Kind;
 
 /// One side of a copy, as written on the command line.
@@ -115,7 +111,8 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
 fn local_name(p: &Path) -> anyhow::Result<Vec<u8>> {
     let full = std::fs::canonicalize(p).with_context(|| format!("{}", p.display()))?;
     full.file_name()
-        .map(|n| n.as_bytes().to_vec())
+        .and_then(sys::name_bytes)
+        .map(<[u8]>::to_vec)
         .ok_or_else(|| anyhow!("{}: has no name to copy it under", p.display()))
 }
 
@@ -178,9 +175,7 @@ pub fn plan_upload(
             conn.mkdir(&target)?;
             // The folder the user named, as named (a link to it is theirs);
             // beneath it, nothing through a link.
-            let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
-            let top = rustix::fs::openat(rustix::fs::CWD, src, flags, Mode::empty())
-                .with_context(|| format!("{}", src.display()))?;
+            let top = Dir::open(src).with_context(|| format!("{}", src.display()))?;
             walk_local(conn, &top, src, &target, &mut tasks)?;
         } else {
             bail!("{}: not a file or folder", src.display());
@@ -191,7 +186,7 @@ pub fn plan_upload(
 
 fn walk_local(
     conn: &mut Conn,
-    dir_fd: &OwnedFd,
+    dir_fd: &Dir,
     dir: &Path,
     remote: &[u8],
     tasks: &mut Vec<Task>,
@@ -200,46 +195,40 @@ fn walk_local(
     // without following a link: a folder swapped for a link while the tree
     // is read is refused, never listed.
     let mut names: Vec<Vec<u8>> = vec![];
-    let mut d = rustix::fs::Dir::read_from(dir_fd).with_context(|| format!("{}", dir.display()))?;
-    while let Some(e) = d.read() {
-        let name = e
-            .with_context(|| format!("{}", dir.display()))?
-            .file_name()
-            .to_bytes()
-            .to_vec();
-        if name != b"." && name != b".." {
-            names.push(name);
-        }
+    for name in dir_fd
+        .entries()
+        .with_context(|| format!("{}", dir.display()))?
+    {
+        names.push(name.with_context(|| format!("{}", dir.display()))?);
     }
     names.sort();
     for name in names {
-        let os = OsStr::from_bytes(&name);
-        let path = dir.join(os);
+        let path = dir.join(sys::name_os(&name));
         // A download's partial copies, left by one interrupted here.
-        if os == PART_DIR {
+        if name == PART_DIR.as_bytes() {
             continue;
         }
         let target = join(remote, &name);
-        let st = rustix::fs::statat(dir_fd, os, AtFlags::SYMLINK_NOFOLLOW)
+        let st = dir_fd
+            .stat_at(&name)
             .with_context(|| format!("{}", path.display()))?;
-        match FileType::from_raw_mode(st.st_mode) {
-            FileType::Directory => {
-                let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-                let sub = rustix::fs::openat(dir_fd, os, flags, Mode::empty())
+        match st.kind {
+            FileKind::Dir => {
+                let sub = dir_fd
+                    .subdir(&name)
                     .with_context(|| format!("{} changed while it was read", path.display()))?;
-                let now = rustix::fs::fstat(&sub)?;
-                if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
+                if sub.stat()?.id != st.id {
                     bail!("{} changed while it was read", path.display());
                 }
                 conn.mkdir(&target)?;
                 walk_local(conn, &sub, &path, &target, tasks)?;
             }
-            FileType::RegularFile => tasks.push(Task::Put {
-                size: st.st_size as u64,
+            FileKind::File => tasks.push(Task::Put {
+                size: st.size,
                 src: path,
                 dest: target,
                 into: vec![],
-                found: Some((st.st_dev as u64, st.st_ino as u64)),
+                found: Some(st.id),
             }),
             _ => tracing::warn!("skipping {} (not a file or folder)", path.display()),
         }
@@ -271,10 +260,9 @@ pub fn plan_download(
             let name = dest
                 .file_name()
                 .ok_or_else(|| anyhow!("{}: not a file or folder name", dest.display()))?;
-            (
-                local::open_named(local::parent(dest))?,
-                Some(name.as_bytes().to_vec()),
-            )
+            let name = sys::name_bytes(name)
+                .ok_or_else(|| anyhow!("{}: not a name this system can write", dest.display()))?;
+            (local::open_named(local::parent(dest))?, Some(name.to_vec()))
         }
     };
     let base = Arc::new(base);
@@ -293,7 +281,7 @@ pub fn plan_download(
         let top = named.clone().unwrap_or_else(|| name.to_vec());
         let shown = |comps: &[Vec<u8>]| -> PathBuf {
             let mut p = shown_base.clone();
-            p.extend(comps.iter().map(|c| OsStr::from_bytes(c)));
+            p.extend(comps.iter().map(|c| sys::name_os(c)));
             p
         };
         match kind {

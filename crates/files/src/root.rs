@@ -3,16 +3,11 @@
 //! and symbolic links that lead out are refused however they are spelled.
 //! (Linux 5.6 or later.)
 
-use std::ffi::OsStr;
 use std::fs::File;
-use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
-use rustix::io::Errno;
-
 use crate::part::PART_DIR;
+use crate::sys::{self, Dir, FileKind, Why};
 use crate::wire::Kind;
 
 /// Deepest folder nesting a listing or a sweep follows.
@@ -43,10 +38,10 @@ impl Refusal {
     pub fn is_hostile(&self) -> bool {
         !matches!(self, Refusal::Other(_))
     }
-    pub(crate) fn io(what: &str, e: Errno) -> Refusal {
-        match e {
-            Errno::XDEV => Refusal::Escapes,
-            e => Refusal::Other(format!("{what}: {}", std::io::Error::from(e))),
+    pub(crate) fn io(what: &str, e: std::io::Error) -> Refusal {
+        match sys::why(&e) {
+            Why::Escapes => Refusal::Escapes,
+            _ => Refusal::Other(format!("{what}: {e}")),
         }
     }
 }
@@ -92,10 +87,7 @@ impl RelPath {
         if self.0.is_empty() {
             return PathBuf::from(".");
         }
-        self.0
-            .iter()
-            .map(|c| OsStr::from_bytes(c))
-            .collect::<PathBuf>()
+        self.0.iter().map(|c| sys::name_os(c)).collect::<PathBuf>()
     }
 
     fn split_last(&self) -> Option<(RelPath, &[u8])> {
@@ -107,62 +99,34 @@ impl RelPath {
 /// The served folder.
 #[derive(Debug)]
 pub struct Root {
-    dir: OwnedFd,
+    dir: Dir,
     pub path: PathBuf,
-}
-
-fn beneath() -> ResolveFlags {
-    ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS
 }
 
 impl Root {
     pub fn open(path: &Path) -> std::io::Result<Root> {
-        let dir = rustix::fs::open(
-            path,
-            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        // Checks once that the kernel resolves beneath (Linux ≥ 5.6).
-        rustix::fs::openat2(
-            &dir,
-            ".",
-            OFlags::PATH | OFlags::CLOEXEC,
-            Mode::empty(),
-            beneath(),
-        )
-        .map_err(|e| {
-            std::io::Error::other(format!(
-                "openat2 is needed to serve files safely (Linux 5.6 or later): {e}"
-            ))
-        })?;
+        let dir = Dir::open(path)?;
+        dir.require_beneath()?;
         Ok(Root {
             dir,
             path: path.to_path_buf(),
         })
     }
 
-    pub(crate) fn open_at(&self, rel: &RelPath, flags: OFlags) -> Result<OwnedFd, Errno> {
-        rustix::fs::openat2(
-            &self.dir,
-            rel.as_path(),
-            flags | OFlags::CLOEXEC,
-            Mode::empty(),
-            beneath(),
-        )
+    /// The folder `rel`, resolved beneath the served one.
+    pub(crate) fn dir_at(&self, rel: &RelPath) -> std::io::Result<Dir> {
+        self.dir.dir_beneath(&rel.as_path())
     }
 
     /// What is at `rel` (a file's size with it).
     pub fn stat(&self, rel: &RelPath) -> Result<(Kind, u64), Refusal> {
-        match self.open_at(rel, OFlags::PATH) {
-            Ok(fd) => {
-                let st = rustix::fs::fstat(&fd).map_err(|e| Refusal::io("stat", e))?;
-                Ok(match FileType::from_raw_mode(st.st_mode) {
-                    FileType::Directory => (Kind::Dir, 0),
-                    FileType::RegularFile => (Kind::File, st.st_size as u64),
-                    _ => (Kind::Missing, 0),
-                })
-            }
-            Err(Errno::NOENT) => Ok((Kind::Missing, 0)),
+        match self.dir.stat_beneath(&rel.as_path()) {
+            Ok(st) => Ok(match st.kind {
+                FileKind::Dir => (Kind::Dir, 0),
+                FileKind::File => (Kind::File, st.size),
+                _ => (Kind::Missing, 0),
+            }),
+            Err(e) if sys::why(&e) == Why::NotFound => Ok((Kind::Missing, 0)),
             Err(e) => Err(Refusal::io("stat", e)),
         }
     }
@@ -170,33 +134,35 @@ impl Root {
     /// Opens a regular file for reading. Anything else — a FIFO, a device,
     /// a socket — is refused without being opened for reading (whose
     /// `open` could block for good, or act on a device): it is looked at
-    /// through an `O_PATH` descriptor first, and opened `O_NONBLOCK` in
-    /// case it was swapped meanwhile, then checked again.
+    /// without being opened first, and opened non-blocking in case it was
+    /// swapped meanwhile, then checked again.
     pub fn open_file(&self, rel: &RelPath) -> Result<File, Refusal> {
         let not_regular = || Refusal::Other("not a regular file: refused".into());
-        let probe = self
-            .open_at(rel, OFlags::PATH)
+        let path = rel.as_path();
+        let st = self
+            .dir
+            .stat_beneath(&path)
             .map_err(|e| Refusal::io("open", e))?;
-        let st = rustix::fs::fstat(&probe).map_err(|e| Refusal::io("stat", e))?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        if st.kind != FileKind::File {
             return Err(not_regular());
         }
-        let fd = self
-            .open_at(rel, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)
+        let file = self
+            .dir
+            .file_beneath(&path)
             .map_err(|e| Refusal::io("open", e))?;
-        let st = rustix::fs::fstat(&fd).map_err(|e| Refusal::io("stat", e))?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        let st = sys::file_stat(&file).map_err(|e| Refusal::io("stat", e))?;
+        if st.kind != FileKind::File {
             return Err(not_regular());
         }
-        Ok(File::from(fd))
+        Ok(file)
     }
 
     /// Opens the folder `rel`, creating it and its parents if `create`.
-    pub fn open_dir(&self, rel: &RelPath, create: bool) -> Result<OwnedFd, Refusal> {
-        match self.open_at(rel, OFlags::DIRECTORY | OFlags::RDONLY) {
-            Err(Errno::NOENT) if create => {}
+    pub fn open_dir(&self, rel: &RelPath, create: bool) -> Result<Dir, Refusal> {
+        match self.dir_at(rel) {
+            Err(e) if create && sys::why(&e) == Why::NotFound => {}
             // Named as the client wrote it (the client shows it escaped).
-            Err(Errno::NOENT) => {
+            Err(e) if sys::why(&e) == Why::NotFound => {
                 let shown: Vec<String> = rel
                     .components()
                     .iter()
@@ -213,18 +179,14 @@ impl Root {
         let mut at = RelPath(vec![]);
         for c in rel.components() {
             let parent = self
-                .open_at(&at, OFlags::DIRECTORY | OFlags::RDONLY)
+                .dir_at(&at)
                 .map_err(|e| Refusal::io("open folder", e))?;
-            // 0700: a folder's mode is not carried by the copy, and a new
-            // one must never be wider than its source was.
-            match rustix::fs::mkdirat(&parent, OsStr::from_bytes(c), Mode::from_raw_mode(0o700)) {
-                Ok(()) | Err(Errno::EXIST) => {}
-                Err(e) => return Err(Refusal::io("make folder", e)),
-            }
+            parent
+                .make_dir(c)
+                .map_err(|e| Refusal::io("make folder", e))?;
             at.0.push(c.clone());
         }
-        self.open_at(rel, OFlags::DIRECTORY | OFlags::RDONLY)
-            .map_err(|e| Refusal::io("open folder", e))
+        self.dir_at(rel).map_err(|e| Refusal::io("open folder", e))
     }
 
     /// The folder a file at `rel` goes in, and the file's name.
@@ -232,7 +194,7 @@ impl Root {
         &self,
         rel: &'a RelPath,
         create: bool,
-    ) -> Result<(OwnedFd, &'a [u8]), Refusal> {
+    ) -> Result<(Dir, &'a [u8]), Refusal> {
         let (parent, name) = rel
             .split_last()
             .ok_or_else(|| Refusal::Other("a file name is needed".into()))?;
@@ -251,12 +213,7 @@ impl Root {
     /// holding one descriptor and one read buffer per level; never follows
     /// a symbolic link, never opens anything but folders and regular files.
     pub fn sweep_parts(&self, max_age: std::time::Duration) -> usize {
-        let Ok(dir) = rustix::fs::openat(
-            &self.dir,
-            ".",
-            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) else {
+        let Ok(dir) = self.dir.reopen() else {
             return 0;
         };
         let now = std::time::SystemTime::now()
@@ -268,44 +225,27 @@ impl Root {
     }
 }
 
-fn open_subdir(dir: &OwnedFd, name: &OsStr) -> Option<OwnedFd> {
-    rustix::fs::openat(
-        dir,
-        name,
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()
-}
-
-fn sweep_into(dir: OwnedFd, depth: usize, oldest: i64, budget: &mut usize) -> usize {
-    let Ok(entries) = rustix::fs::Dir::read_from(&dir) else {
+fn sweep_into(dir: Dir, depth: usize, oldest: i64, budget: &mut usize) -> usize {
+    let Ok(entries) = dir.entries() else {
         return 0;
     };
     let mut removed = 0;
-    for e in entries {
-        let Ok(e) = e else { break };
+    for name in entries {
+        let Ok(name) = name else { break };
         if *budget == 0 {
             break;
         }
         *budget -= 1;
-        let name = OsStr::from_bytes(e.file_name().to_bytes());
-        if name == "." || name == ".." {
+        if !dir.stat_at(&name).is_ok_and(|st| st.kind == FileKind::Dir) {
             continue;
         }
-        let Ok(st) = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
+        let Ok(sub) = dir.subdir(&name) else {
             continue;
         };
-        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
-            continue;
-        }
-        let Some(sub) = open_subdir(&dir, name) else {
-            continue;
-        };
-        if name == PART_DIR {
+        if name == PART_DIR.as_bytes() {
             removed += sweep_state(&sub, oldest, budget);
             // Empty now: gone (a copy starting meanwhile makes it again).
-            let _ = rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR);
+            let _ = dir.remove_dir(&name);
         } else if depth < MAX_DEPTH {
             removed += sweep_into(sub, depth + 1, oldest, budget);
         }
@@ -314,42 +254,32 @@ fn sweep_into(dir: OwnedFd, depth: usize, oldest: i64, budget: &mut usize) -> us
 }
 
 /// Removes the stale partial files of one state folder of ours.
-fn sweep_state(state: &OwnedFd, oldest: i64, budget: &mut usize) -> usize {
-    match rustix::fs::fstat(state) {
-        Ok(st) if st.st_uid == rustix::process::geteuid().as_raw() => {}
+fn sweep_state(state: &Dir, oldest: i64, budget: &mut usize) -> usize {
+    match state.stat() {
+        Ok(st) if st.mine => {}
         // Not ours: uploads refuse it too; whoever made it tends it.
         _ => return 0,
     }
-    let Ok(entries) = rustix::fs::Dir::read_from(state) else {
+    let Ok(entries) = state.entries() else {
         return 0;
     };
     let mut removed = 0;
-    for e in entries {
-        let Ok(e) = e else { break };
+    for name in entries {
+        let Ok(name) = name else { break };
         if *budget == 0 {
             break;
         }
         *budget -= 1;
-        let name = OsStr::from_bytes(e.file_name().to_bytes());
-        let Ok(st) = rustix::fs::statat(state, name, AtFlags::SYMLINK_NOFOLLOW) else {
-            continue;
-        };
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_mtime >= oldest {
-            continue;
+        match state.stat_at(&name) {
+            Ok(st) if st.kind == FileKind::File && st.mtime < oldest => {}
+            _ => continue,
         }
-        // O_NONBLOCK: swapped for a FIFO meanwhile, it cannot block the sweep.
-        let Ok(f) = rustix::fs::openat(
-            state,
-            name,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) else {
+        // Non-blocking: swapped for a FIFO meanwhile, it cannot block the sweep.
+        let Ok(f) = state.open_file_at(&name) else {
             continue;
         };
         // Held by an upload that is running: not stale.
-        if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
-            && rustix::fs::unlinkat(state, name, AtFlags::empty()).is_ok()
-        {
+        if sys::try_lock(&f) && state.remove_file(&name).is_ok() {
             removed += 1;
         }
     }
@@ -402,7 +332,7 @@ mod tests {
         // A user's own file named like an earlier version's partial copy.
         make(root.join(".mine.longhaul-part"), true);
         let held = make(part("held"), true);
-        rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).unwrap();
+        assert!(sys::try_lock(&held));
         make(outside.join(PART_DIR).join("c"), true);
         std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
 

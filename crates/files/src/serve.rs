@@ -2,10 +2,8 @@
 //! service end of an in-process pipe whose other end the session relays.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,12 +17,12 @@ static TRANSFERS: Throttle = Throttle::new();
 /// Failed requests logged (a line each), across the process.
 static FAILURES: Throttle = Throttle::new();
 use longhaul_session::{LocalStream, ServicePipe};
-use rustix::fs::{AtFlags, FlockOperation, OFlags};
 
 use blake3::Hasher;
 
 use crate::part::Part;
 use crate::root::{Refusal, RelPath, Root};
+use crate::sys::{self, FileKind};
 use crate::transfer::{self, receive_file, send_file, TransferError, Version};
 use crate::wire::{self, Kind, Request};
 use crate::Access;
@@ -188,7 +186,7 @@ impl FileServer {
             Request::List { .. } => {
                 let base = self
                     .root
-                    .open_at(&rel, OFlags::DIRECTORY | OFlags::RDONLY)
+                    .dir_at(&rel)
                     .map_err(|e| Refusal::io("open folder", e))?;
                 crate::list::stream(base, &mut c.out).map_err(|e| Failure::Ended(e.to_string()))
             }
@@ -275,26 +273,15 @@ impl FileServer {
         // whole "partial" copy, so an identical one is verified by hash
         // and not sent again.
         let mut there = None;
-        if let Ok(st) = rustix::fs::statat(&dir, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW)
-        {
-            let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
-            if kind == rustix::fs::FileType::Directory {
+        if let Ok(st) = dir.stat_at(name) {
+            if st.kind == FileKind::Dir {
                 return Err(Refusal::Other("a folder of that name exists".into()).into());
             }
-            if kind == rustix::fs::FileType::RegularFile && st.st_size as u64 == size && size > 0 {
-                there = rustix::fs::openat(
-                    &dir,
-                    OsStr::from_bytes(name),
-                    OFlags::RDONLY
-                        | OFlags::NOFOLLOW
-                        | OFlags::NONBLOCK
-                        | OFlags::NOCTTY
-                        | OFlags::CLOEXEC,
-                    rustix::fs::Mode::empty(),
-                )
-                .ok()
-                .map(File::from)
-                .filter(|f| f.metadata().is_ok_and(|m| m.is_file() && m.len() == size));
+            if st.kind == FileKind::File && st.size == size && size > 0 {
+                there = dir
+                    .open_file_at(name)
+                    .ok()
+                    .filter(|f| f.metadata().is_ok_and(|m| m.is_file() && m.len() == size));
             }
         }
         let part = Part::open(dir, name).map_err(|e| {
@@ -380,7 +367,7 @@ impl FileServer {
 impl FileServer {
     /// Locks an upload's partial file, ending an earlier upload of it.
     fn lock_part(&self, fd: &File, path: &str, peer: &str) -> Result<(), Refusal> {
-        let try_lock = || rustix::fs::flock(fd, FlockOperation::NonBlockingLockExclusive).is_ok();
+        let try_lock = || sys::try_lock(fd);
         if try_lock() {
             return Ok(());
         }
@@ -437,10 +424,7 @@ impl Drop for Registered<'_> {
 const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
 
 fn mode_of(f: &File) -> u32 {
-    use std::os::unix::fs::PermissionsExt;
-    f.metadata()
-        .map(|m| m.permissions().mode())
-        .unwrap_or(0o644)
+    sys::file_stat(f).map(|st| st.mode).unwrap_or(0o644)
 }
 
 fn show(rel: &RelPath) -> String {

@@ -4,12 +4,12 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use blake3::Hasher;
 use longhaul_session::ServicePipe;
 
+use crate::sys;
 use crate::wire::{self, Hash, WireError, MAX_BLOCK};
 
 /// Blocks the sender reads and sends. Large enough that the per-block
@@ -45,7 +45,7 @@ pub fn hash_prefix(file: &File, len: u64, done: &AtomicU64) -> io::Result<Option
     let mut at = 0u64;
     while at < len {
         let want = (len - at).min(buf.len() as u64) as usize;
-        let n = file.read_at(&mut buf[..want], at)?;
+        let n = sys::read_at(file, &mut buf[..want], at)?;
         if n == 0 {
             return Ok(None);
         }
@@ -65,9 +65,8 @@ pub fn digest(h: &Hasher) -> Hash {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Version {
     pub size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-    ino: u64,
+    /// The file's number, its modification and status-change times.
+    marks: (u64, (i64, i64), (i64, i64)),
 }
 
 impl Version {
@@ -75,9 +74,7 @@ impl Version {
         let m = file.metadata()?;
         Ok(Version {
             size: m.len(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
-            ino: m.ino(),
+            marks: sys::change_marks(&m),
         })
     }
 }
@@ -103,9 +100,7 @@ pub fn send_file(
         // capacity (exactly `want`): no pass to zero it first.
         let mut buf: Vec<u8> = Vec::with_capacity(4 + want);
         buf.extend_from_slice(&[0; 4]);
-        let n = match rustix::io::pread(file, rustix::buffer::spare_capacity(&mut buf), at)
-            .map_err(io::Error::from)
-        {
+        let n = match sys::read_spare(file, &mut buf, at) {
             Ok(0) => {
                 failure = Some(format!(
                     "the file shrank while being read (at byte {at} of {})",
@@ -182,7 +177,7 @@ pub fn receive_file(
                 return Err(TransferError::Stream(io::ErrorKind::UnexpectedEof.into()));
             }
             hasher.update(&d);
-            file.write_all_at(&d, at)
+            sys::write_all_at(file, &d, at)
                 .map_err(|e| TransferError::Write(format!("writing failed at byte {at}: {e}")))?;
             at += d.len() as u64;
             left -= d.len();
