@@ -421,6 +421,84 @@ def main():
                   and "polling instead" not in text("folder-client"), text("folder-client")[-1500:])
         stop(fcli)
         stop(fsrv)
+
+        # cp, both ways, with a Linux and a Windows server; every spelling
+        # that would leave the served folder or name something else on
+        # Windows refused by the Windows server.
+        def winpath(p):
+            return "Z:" + p.replace("/", "\\")
+
+        blob = os.path.join(work, "blob.bin")
+        with open(blob, "wb") as f:
+            f.write(os.urandom(3 << 20))
+        with open(blob, "rb") as f:
+            blob_hash = hashlib.sha256(f.read()).digest()
+
+        def same(path):
+            try:
+                with open(path, "rb") as f:
+                    return hashlib.sha256(f.read()).digest() == blob_hash
+            except OSError:
+                return False
+
+        cp_token = ["--insecure", "--token", TOKEN]
+        served = os.path.join(work, "served")
+        os.mkdir(served)
+        cport = free_port()
+        lsrv = start(["server", "--listen", f"tcp://127.0.0.1:{cport}", "--files", served,
+                      "--files-for-token", "rw"] + cp_token, log=log("cp-linux-server"))
+        wait_port(cport)
+        url = f"tcp://127.0.0.1:{cport}"
+        r = wine_run(["cp"] + cp_token + [winpath(blob), f"{url}:/sub-up.bin"])
+        check("cp (Windows client, Linux server): upload, bytes compared",
+              r.returncode == 0 and same(os.path.join(served, "sub-up.bin")), r.stdout + r.stderr)
+        r = wine_run(["cp"] + cp_token + [f"{url}:/sub-up.bin", winpath(os.path.join(work, "down.bin"))])
+        check("cp (Windows client, Linux server): download, bytes compared",
+              r.returncode == 0 and same(os.path.join(work, "down.bin")), r.stdout + r.stderr)
+        stop(lsrv)
+
+        wserved = os.path.join(work, "wserved")
+        os.makedirs(os.path.join(wserved, "sub"))
+        wport = free_port()
+        wsrv = start(["server", "--listen", f"tcp://127.0.0.1:{wport}", "--files", winpath(wserved),
+                      "--files-for-token", "rw"] + cp_token, windows=True, log=log("cp-windows-server"))
+        if wait_port(wport, 90):
+            url = f"tcp://127.0.0.1:{wport}"
+
+            def linux_cp(*args):
+                return subprocess.run([LINUX, "cp"] + cp_token + list(args),
+                                      capture_output=True, text=True, timeout=90)
+
+            r = linux_cp(blob, f"{url}:/sub/up.bin")
+            check("cp (Linux client, Windows server): upload, bytes compared",
+                  r.returncode == 0 and same(os.path.join(wserved, "sub", "up.bin"))
+                  and not os.path.exists(os.path.join(wserved, "sub", ".longhaul-partial")),
+                  r.stdout + r.stderr)
+            r = linux_cp(f"{url}:/sub/up.bin", os.path.join(work, "down2.bin"))
+            check("cp (Linux client, Windows server): download, bytes compared",
+                  r.returncode == 0 and same(os.path.join(work, "down2.bin")), r.stdout + r.stderr)
+            r = linux_cp("-r", f"{url}:/sub", os.path.join(work, "tree"))
+            check("cp (Linux client, Windows server): a folder with -r",
+                  r.returncode == 0 and same(os.path.join(work, "tree", "up.bin")), r.stdout + r.stderr)
+            escapes = ["../x", "sub/../../x", "/C:/windows/x", "C:x", "sub\\..\\..\\x",
+                       "up.bin:stream", "CON", "nul.txt", "COM1.log", "trailing.", "trailing ",
+                       "PROGRA~1", "SUB~1/x", ".LONGHAUL-PARTIAL/x", "\\\\?\\C:\\x"]
+            for e in escapes:
+                up = linux_cp(blob, f"{url}:/{e}")
+                down = linux_cp(f"{url}:/{e}", os.path.join(work, "escaped.bin"))
+                check(f"cp (Windows server): '{e}' refused both ways",
+                      up.returncode != 0 and down.returncode != 0
+                      and not os.path.exists(os.path.join(work, "escaped.bin")),
+                      up.stderr[-300:] + down.stderr[-300:])
+            left = [n for n in os.listdir(wserved) if n != "sub"]
+            check("cp (Windows server): nothing made by the refused requests",
+                  not left, str(left))
+            check("cp (Windows server): refusals logged",
+                  "refused in names" in text("cp-windows-server")
+                  and "device names" in text("cp-windows-server"), text("cp-windows-server")[-1500:])
+        else:
+            check("cp (Windows server): listening", False, text("cp-windows-server")[-2000:])
+        stop(wsrv)
     finally:
         for p in started:
             stop(p)

@@ -8,7 +8,7 @@ mod bench_args;
 mod config;
 mod conn_args;
 mod connect;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", windows))]
 mod cp;
 mod install;
 mod reload;

@@ -12,33 +12,32 @@
 //! both sides agree on ([`client`]). The wire format is in [`wire`].
 #![forbid(unsafe_code)]
 
-// Every path is resolved beneath the served folder with Linux's openat2 and
-// POSIX `*at` calls; their counterparts elsewhere (FreeBSD's and macOS's
-// beneath-flags, Windows' name rules; cap-std) are not written yet, and
+// Every path is resolved beneath the served folder ([`sys`]: Linux's
+// openat2, cap-std on Windows); macOS and the BSDs are not ported yet, and
 // there `cp` and `--files` say so.
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", windows))]
 pub mod client;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", windows))]
 pub mod list;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", windows))]
 pub mod local;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", windows))]
 pub mod part;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", windows))]
 pub mod plan;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", windows))]
 pub mod progress;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", windows))]
 pub mod root;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", windows))]
 pub mod serve;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", windows))]
 mod sys;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", windows))]
 pub mod transfer;
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", windows)))]
 mod unbuilt;
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", windows)))]
 pub use unbuilt::*;
 pub mod wire;
 
@@ -63,5 +62,5 @@ impl std::str::FromStr for Access {
     }
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", windows))]
 pub use sys::{open_files_limit, raise_nofile_limit};

@@ -155,7 +155,7 @@ impl<W: Write> Walk<'_, W> {
                     "more than {MAX_LOOKED_AT} entries: copy its folders one by one"
                 )));
             }
-            if name == PART_DIR.as_bytes() {
+            if name.eq_ignore_ascii_case(PART_DIR.as_bytes()) {
                 continue;
             }
             let st = match dir.stat_at(name) {

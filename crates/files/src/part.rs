@@ -94,9 +94,14 @@ impl Part {
         self.tidy();
     }
 
-    /// Removes the state folder if nothing else is in it.
-    fn tidy(&self) {
-        let _ = self.dir.remove_dir(PART_DIR.as_bytes());
+    /// Removes the state folder if nothing else is in it (its handle and
+    /// the file's closed first: Windows keeps a folder open elsewhere).
+    fn tidy(self) {
+        let Part {
+            dir, state, file, ..
+        } = self;
+        drop((state, file));
+        let _ = dir.remove_dir(PART_DIR.as_bytes());
     }
 }
 

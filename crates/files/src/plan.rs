@@ -39,9 +39,10 @@ fn scp_style(s: &str) -> Option<(&str, &str)> {
 impl Place {
     /// `URL:/PATH` is remote (split at the first `:/` after the URL's
     /// `://`, if any); anything else, or anything starting with `/` or
-    /// `.`, is a local path (write `./a:/b` for a local name with `:/`).
+    /// `.` (or, on Windows, a drive `C:` or `\\`), is a local path (write
+    /// `./a:/b` for a local name with `:/`).
     pub fn parse(s: &str) -> Place {
-        if s.starts_with('/') || s.starts_with('.') {
+        if s.starts_with('/') || s.starts_with('.') || sys::is_local_spelling(s) {
             return Place::Local(s.into());
         }
         let after = s.find("://").map(|i| i + 3).unwrap_or(0);
@@ -205,7 +206,7 @@ fn walk_local(
     for name in names {
         let path = dir.join(sys::name_os(&name));
         // A download's partial copies, left by one interrupted here.
-        if name == PART_DIR.as_bytes() {
+        if name.eq_ignore_ascii_case(PART_DIR.as_bytes()) {
             continue;
         }
         let target = join(remote, &name);

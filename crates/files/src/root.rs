@@ -28,6 +28,9 @@ pub enum Refusal {
     Reserved,
     #[error("read-only access: writing is not allowed for this client (the server grants it with files=rw for this key in its authorized_keys, or --files-for-token rw)")]
     ReadOnly,
+    /// A name this system would take for another, or for a device.
+    #[error("{0}")]
+    Name(&'static str),
     #[error("{0}")]
     Other(String),
 }
@@ -63,8 +66,12 @@ impl RelPath {
             match c {
                 b"" | b"." => {}
                 b".." => return Err(Refusal::DotDot),
-                c if c == PART_DIR.as_bytes() => return Err(Refusal::Reserved),
-                c => parts.push(c.to_vec()),
+                // Any case: a folder that ignores case takes it for ours.
+                c if c.eq_ignore_ascii_case(PART_DIR.as_bytes()) => return Err(Refusal::Reserved),
+                c => match sys::name_refusal(c) {
+                    Some(why) => return Err(Refusal::Name(why)),
+                    None => parts.push(c.to_vec()),
+                },
             }
         }
         Ok(RelPath(parts))

@@ -1,11 +1,11 @@
-//! Where the file service is not built yet (every system but Linux): the
+//! Where the file service is not built yet (macOS, the BSDs): the
 //! server refuses `--files` and the client `cp`, each in one line.
 
 use std::io;
 
 /// What a user who asks for the file service here is told.
 pub const NOT_BUILT: &str =
-    "the file service (cp, --files) is not built for this system yet: it runs on Linux";
+    "the file service (cp, --files) is not built for this system yet: it runs on Linux and Windows";
 
 /// Open files are not a per-process limit here.
 pub fn open_files_limit() -> Option<u64> {

@@ -6,12 +6,18 @@
 //! goes through a [`Dir`].
 //!
 //! `unix.rs`: Linux's `openat2` (`RESOLVE_BENEATH`) and the POSIX `*at`
-//! calls, through rustix.
+//! calls, through rustix. `windows.rs`: cap-std, which resolves beneath
+//! by itself, and Windows' rules for names.
 
 #[cfg(target_os = "linux")]
 mod unix;
 #[cfg(target_os = "linux")]
 pub use unix::*;
+
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+pub use self::windows::*;
 
 /// What is at a name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -239,6 +239,16 @@ pub fn name_os(name: &[u8]) -> std::borrow::Cow<'_, OsStr> {
     std::borrow::Cow::Borrowed(os(name))
 }
 
+/// Only `/` and `.` start what is surely a local path.
+pub fn is_local_spelling(_: &str) -> bool {
+    false
+}
+
+/// Every name the kernel takes is a name here.
+pub fn name_refusal(_: &[u8]) -> Option<&'static str> {
+    None
+}
+
 /// Why an open or a make failed, as far as callers act on it.
 pub fn why(e: &io::Error) -> Why {
     match e.raw_os_error().map(Errno::from_raw_os_error) {

@@ -1,7 +1,7 @@
 //! Windows: Ctrl-C, Ctrl-Break, a closed console, shutdown and the service
 //! manager's stop end a command; there is no SIGHUP, so a reload is asked
 //! through the control pipe or, for a service, by the manager's
-//! PARAMCHANGE; a command is run and waited for; `cp` is not built yet.
+//! PARAMCHANGE; a command is run and waited for.
 
 mod event_log;
 mod param_change;
@@ -52,7 +52,7 @@ pub(crate) fn become_command(cmd: &mut std::process::Command) -> std::io::Error 
     }
 }
 
-/// `longhaul cp`: not built here yet.
-pub(crate) async fn cp(_: crate::args::CpArgs) -> anyhow::Result<()> {
-    anyhow::bail!(longhaul_files::NOT_BUILT)
+/// `longhaul cp`.
+pub(crate) async fn cp(a: crate::args::CpArgs) -> anyhow::Result<()> {
+    crate::cp::run(a).await
 }
