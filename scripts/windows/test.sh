@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Cross-builds longhaul for Windows, runs the tests of the crates ported so
-# far under Wine, then the Windows longhaul.exe against the Linux one as
+# Cross-builds longhaul for Windows, lints it (clippy -D warnings), runs the
+# tests of the crates ported so far under Wine, then the Windows longhaul.exe against the Linux one as
 # real processes (interop.py). Packages: .ci/setup-windows. Wine is not
 # Windows: functional tests only, no timings.
 set -euo pipefail
@@ -13,6 +13,10 @@ WINEPREFIX="$(bash scripts/windows/wine_prefix.sh)"
 export WINEPREFIX
 trap 'wineserver -k 2>/dev/null || true' EXIT
 crates=(-p longhaul-proto -p longhaul-carrier -p longhaul-session)
+# Clippy for Windows: every crate's code, and the tests that run here (the
+# other crates' tests drive Linux namespaces and Unix sockets).
+/usr/bin/cargo clippy --workspace "${LONGHAUL_WINDOWS_TARGET[@]}" -- -D warnings
+/usr/bin/cargo clippy "${crates[@]}" --all-targets "${LONGHAUL_WINDOWS_TARGET[@]}" -- -D warnings
 /usr/bin/cargo test "${crates[@]}" "${LONGHAUL_WINDOWS_TARGET[@]}" "$@"
 # The debug build, zipped as a release would be (--version names the target).
 PROFILE=debug bash scripts/windows/package.sh

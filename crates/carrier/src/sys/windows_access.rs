@@ -234,14 +234,14 @@ pub fn admin_folder(path: &Path) -> io::Result<()> {
     {
         return Err(io::Error::last_os_error());
     }
-    let mut attrs = SECURITY_ATTRIBUTES {
+    let attrs = SECURITY_ATTRIBUTES {
         nLength: std::mem::size_of::<SECURITY_ATTRIBUTES>() as u32,
         lpSecurityDescriptor: sd,
         bInheritHandle: 0,
     };
     let wide: Vec<u16> = path.as_os_str().encode_wide().chain([0]).collect();
     // SAFETY: a NUL-terminated path and attributes alive for the call.
-    let made = unsafe { CreateDirectoryW(wide.as_ptr(), &mut attrs) } != 0;
+    let made = unsafe { CreateDirectoryW(wide.as_ptr(), &attrs) } != 0;
     let err = io::Error::last_os_error();
     // SAFETY: allocated by the conversion above, freed once.
     unsafe { LocalFree(sd) };
