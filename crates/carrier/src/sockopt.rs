@@ -43,3 +43,25 @@ pub fn send_space(sock: &socket2::Socket) -> Option<SendSpace> {
 pub fn poll_writable(sock: &socket2::Socket) -> std::io::Result<bool> {
     crate::sys::poll_writable(sock)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    /// A loopback connection that moved bytes: where the system reports
+    /// its path, the figures are a loopback's (Wine reports none).
+    #[test]
+    fn a_loopback_path_is_reported_or_not_known() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        a.write_all(&[7; 100_000]).unwrap();
+        let mut got = vec![0; 100_000];
+        b.read_exact(&mut got).unwrap();
+        let sock = socket2::SockRef::from(&a);
+        if let Some(p) = super::tcp_path(&sock) {
+            assert!(p.rtt.is_some_and(|r| r < std::time::Duration::from_secs(1)), "{p:?}");
+            assert!(p.cwnd_bytes > 0, "{p:?}");
+        }
+    }
+}

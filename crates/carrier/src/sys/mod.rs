@@ -27,6 +27,16 @@ pub struct TcpPath {
     pub cwnd_bytes: u64,
 }
 
+/// A sending rate estimated as one congestion window per RTT, where the
+/// system reports no delivery rate (0: unknown).
+#[allow(dead_code)]
+fn window_rate(cwnd_bytes: u64, rtt: Option<Duration>) -> u64 {
+    match rtt {
+        Some(r) if !r.is_zero() => (cwnd_bytes as f64 / r.as_secs_f64()) as u64,
+        _ => 0,
+    }
+}
+
 /// How full a socket's send buffer is, in the kernel's own accounting
 /// (bytes plus per-packet overhead), which is what `send` checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,6 @@
 //! Unix: the socket options Linux has (TCP_INFO, SO_MEMINFO,
-//! TCP_NOTSENT_LOWAT; other Unixes answer "not known" for now), `poll`,
+//! TCP_NOTSENT_LOWAT), the path from FreeBSD's TCP_INFO and macOS's
+//! TCP_CONNECTION_INFO (other options "not known" there), `poll`,
 //! `recvmmsg` (Linux; a loop of `recvfrom` elsewhere), and the file calls
 //! the folder carrier and keys use. Each unsafe call passes a buffer of the
 //! kernel's structure size.
@@ -18,7 +19,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", target_os = "freebsd", target_vendor = "apple"))]
 use std::time::Duration;
 
 use super::{SendSpace, TcpPath};
@@ -55,11 +56,74 @@ pub fn tcp_path(sock: &socket2::Socket) -> Option<TcpPath> {
             cwnd_bytes: info.tcpi_snd_cwnd as u64 * info.tcpi_snd_mss as u64,
         })
     }
-    #[cfg(not(target_os = "linux"))]
+    // FreeBSD: TCP_INFO (RTT and RTO in µs, the window in bytes, segments
+    // retransmitted); no delivery rate (one window per RTT instead) or
+    // unsent bytes.
+    #[cfg(target_os = "freebsd")]
+    {
+        // SAFETY: as Linux's above: a zeroed plain-integer buffer of the
+        // length given; the kernel writes at most that.
+        let info: libc::tcp_info =
+            unsafe { sockopt_struct(sock, libc::IPPROTO_TCP, libc::TCP_INFO)? };
+        let rtt = (info.tcpi_rtt != 0).then(|| Duration::from_micros(info.tcpi_rtt as u64));
+        Some(TcpPath {
+            rtt,
+            delivery_rate: super::window_rate(info.tcpi_snd_cwnd as u64, rtt),
+            retransmits: info.tcpi_snd_rexmitpack,
+            rto: (info.tcpi_rto != 0).then(|| Duration::from_micros(info.tcpi_rto as u64)),
+            notsent: 0,
+            cwnd_bytes: info.tcpi_snd_cwnd as u64,
+        })
+    }
+    // macOS: TCP_CONNECTION_INFO (smoothed RTT and RTO in ms, the window
+    // in bytes, bytes retransmitted); no delivery rate (one window per RTT
+    // instead) or unsent bytes.
+    #[cfg(target_vendor = "apple")]
+    {
+        // SAFETY: as above.
+        let info: libc::tcp_connection_info =
+            unsafe { sockopt_struct(sock, libc::IPPROTO_TCP, libc::TCP_CONNECTION_INFO)? };
+        let rtt = (info.tcpi_srtt != 0).then(|| Duration::from_millis(info.tcpi_srtt as u64));
+        Some(TcpPath {
+            rtt,
+            delivery_rate: super::window_rate(info.tcpi_snd_cwnd as u64, rtt),
+            retransmits: (info.tcpi_txretransmitbytes / info.tcpi_maxseg.max(1) as u64) as u32,
+            rto: (info.tcpi_rto != 0).then(|| Duration::from_millis(info.tcpi_rto as u64)),
+            notsent: 0,
+            cwnd_bytes: info.tcpi_snd_cwnd as u64,
+        })
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "freebsd", target_vendor = "apple")))]
     {
         let _ = sock;
         None
     }
+}
+
+/// Reads a socket option into a zeroed `T`.
+///
+/// # Safety
+/// `T` must be plain integers (any bytes a valid value).
+#[cfg(any(target_os = "freebsd", target_vendor = "apple"))]
+unsafe fn sockopt_struct<T>(
+    sock: &socket2::Socket,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> Option<T> {
+    let mut v = std::mem::MaybeUninit::<T>::zeroed();
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: `v` is a writable buffer of `len` bytes alive for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            level,
+            name,
+            v.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: zeroed, possibly partly written: valid for plain integers.
+    (rc == 0).then(|| unsafe { v.assume_init() })
 }
 
 pub fn set_notsent_lowat(sock: &socket2::Socket, bytes: u32) -> io::Result<()> {
