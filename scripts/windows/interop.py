@@ -195,6 +195,11 @@ def echo_through(port, size=8 << 20, midway=None):
     return hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
 
 
+def winpath(p):
+    """A Linux path as Wine's Z: drive spells it."""
+    return "Z:" + p.replace("/", "\\")
+
+
 def check(name, ok, detail=""):
     print(("ok   " if ok else "FAIL ") + name + ("" if ok else ": " + detail), flush=True)
     if not ok:
@@ -359,6 +364,20 @@ def main():
                   r.returncode != 0 and "service.toml can be changed by Everyone" in r.stderr,
                   r.stdout + r.stderr)
             os.chmod(cfg, 0o644)
+            # A file the config names (not the command line) is checked too.
+            ak = os.path.join(work, "open_ak")
+            with open(ak, "w") as f:
+                f.write("")
+            os.chmod(ak, 0o666)
+            cfg2 = os.path.join(svc_dir, "service2.toml")
+            with open(cfg, "r") as f, open(cfg2, "w") as g:
+                g.write(f.read() + f'authorized-keys = "{winpath(ak).replace(chr(92), chr(92) * 2)}"\n')
+            r = wine_run(["service", "install", "--name", name,
+                          "server", "--config", "service2.toml"], cwd=svc_dir)
+            check("windows service: a file its config names, others may change, is refused",
+                  r.returncode != 0 and "open_ak can be changed by Everyone" in r.stderr,
+                  r.stdout + r.stderr)
+            os.remove(cfg2)
             r = wine_run(["service", "install", "--name", "..\\x",
                           "server", "--config", "service.toml"], cwd=svc_dir)
             check("windows service: a name that is a path is refused",
@@ -425,9 +444,6 @@ def main():
         # cp, both ways, with a Linux and a Windows server; every spelling
         # that would leave the served folder or name something else on
         # Windows refused by the Windows server.
-        def winpath(p):
-            return "Z:" + p.replace("/", "\\")
-
         blob = os.path.join(work, "blob.bin")
         with open(blob, "wb") as f:
             f.write(os.urandom(3 << 20))
@@ -482,7 +498,7 @@ def main():
                   r.returncode == 0 and same(os.path.join(work, "tree", "up.bin")), r.stdout + r.stderr)
             escapes = ["../x", "sub/../../x", "/C:/windows/x", "C:x", "sub\\..\\..\\x",
                        "up.bin:stream", "CON", "nul.txt", "COM1.log", "trailing.", "trailing ",
-                       "PROGRA~1", "SUB~1/x", ".LONGHAUL-PARTIAL/x", "\\\\?\\C:\\x"]
+                       "PROGRA~1", "SUB~1/x", ".LONGHAUL-PARTIAL/x", "$MFT", "$Extend/x", "\\\\?\\C:\\x"]
             for e in escapes:
                 up = linux_cp(blob, f"{url}:/{e}")
                 down = linux_cp(f"{url}:/{e}", os.path.join(work, "escaped.bin"))

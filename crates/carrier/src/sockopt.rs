@@ -60,7 +60,10 @@ mod tests {
         b.read_exact(&mut got).unwrap();
         let sock = socket2::SockRef::from(&a);
         if let Some(p) = super::tcp_path(&sock) {
-            assert!(p.rtt.is_some_and(|r| r < std::time::Duration::from_secs(1)), "{p:?}");
+            assert!(
+                p.rtt.is_some_and(|r| r < std::time::Duration::from_secs(1)),
+                "{p:?}"
+            );
             assert!(p.cwnd_bytes > 0, "{p:?}");
         }
     }

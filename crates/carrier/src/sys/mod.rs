@@ -77,7 +77,7 @@ pub mod private {
     pub use super::unix::create_private as create_new;
     #[cfg(windows)]
     pub use super::windows_access::{
-        admin_folder, changeable_by_others, create_new, pipe_server_pid, user_sid,
+        admin_folder, changeable_by_others, create_new, owner_of, pipe_server_pid, user_sid, Owner,
         SecurityAttributes,
     };
 }

@@ -10,6 +10,7 @@ use std::os::windows::ffi::OsStrExt;
 use std::os::windows::io::{AsRawHandle, FromRawHandle};
 use std::path::Path;
 use std::ptr::null_mut;
+use std::sync::OnceLock;
 
 use std::os::windows::fs::MetadataExt;
 use windows_sys::Win32::Foundation::{
@@ -17,12 +18,13 @@ use windows_sys::Win32::Foundation::{
 };
 use windows_sys::Win32::Security::Authorization::{
     ConvertSecurityDescriptorToStringSecurityDescriptorW, ConvertSidToStringSidW,
-    ConvertStringSecurityDescriptorToSecurityDescriptorW, GetNamedSecurityInfoW, SDDL_REVISION_1,
-    SE_FILE_OBJECT,
+    ConvertStringSecurityDescriptorToSecurityDescriptorW, GetNamedSecurityInfoW, GetSecurityInfo,
+    SDDL_REVISION_1, SE_FILE_OBJECT,
 };
 use windows_sys::Win32::Security::{
-    GetTokenInformation, TokenUser, DACL_SECURITY_INFORMATION, OWNER_SECURITY_INFORMATION,
-    PSECURITY_DESCRIPTOR, SECURITY_ATTRIBUTES, TOKEN_QUERY, TOKEN_USER,
+    GetTokenInformation, TokenOwner, TokenUser, DACL_SECURITY_INFORMATION,
+    OWNER_SECURITY_INFORMATION, PSECURITY_DESCRIPTOR, PSID, SECURITY_ATTRIBUTES,
+    TOKEN_INFORMATION_CLASS, TOKEN_QUERY,
 };
 use windows_sys::Win32::Storage::FileSystem::{
     CreateDirectoryW, CreateFileW, CREATE_NEW, FILE_ATTRIBUTE_NORMAL, FILE_ATTRIBUTE_REPARSE_POINT,
@@ -115,21 +117,28 @@ pub fn pipe_server_pid(pipe: &impl AsRawHandle) -> io::Result<u32> {
 
 /// This process's user, as an SDDL SID string (`S-1-5-21-…`).
 pub fn user_sid() -> io::Result<String> {
+    token_sid(TokenUser)
+}
+
+/// A SID of this process's token: its user (`TokenUser`) or the owner it
+/// gives what it makes (`TokenOwner`: Administrators, for an elevated
+/// administrator). Both structures begin with the SID's pointer.
+fn token_sid(class: TOKEN_INFORMATION_CLASS) -> io::Result<String> {
     let mut token: HANDLE = null_mut();
     // SAFETY: the current-process pseudo handle; `token` receives a
     // handle closed below.
     if unsafe { OpenProcessToken(GetCurrentProcess(), TOKEN_QUERY, &mut token) } == 0 {
         return Err(io::Error::last_os_error());
     }
-    // TOKEN_USER and the SID it points into, in one buffer (u64s: aligned
-    // for the struct).
+    // The structure and the SID it points into, in one buffer (u64s:
+    // aligned for the structure).
     let mut buf = vec![0u64; 64];
     let mut len = 0u32;
     // SAFETY: `buf` holds `buf.len() * 8` writable bytes.
     let ok = unsafe {
         GetTokenInformation(
             token,
-            TokenUser,
+            class,
             buf.as_mut_ptr().cast(),
             (buf.len() * 8) as u32,
             &mut len,
@@ -141,11 +150,17 @@ pub fn user_sid() -> io::Result<String> {
     if ok == 0 {
         return Err(err);
     }
-    // SAFETY: the call filled `buf` with a TOKEN_USER.
-    let sid = unsafe { (*(buf.as_ptr() as *const TOKEN_USER)).User.Sid };
+    // SAFETY: the call filled `buf` with a TOKEN_USER or TOKEN_OWNER, whose
+    // first field is the SID's pointer (into `buf`, alive here).
+    let sid = unsafe { *(buf.as_ptr() as *const PSID) };
+    sid_text(sid)
+}
+
+/// A SID as text (`S-1-5-…`).
+fn sid_text(sid: PSID) -> io::Result<String> {
     let mut text: *mut u16 = null_mut();
-    // SAFETY: `sid` points into `buf`, alive here; `text` receives a
-    // string the system allocated (freed below).
+    // SAFETY: `sid` is valid for the call (the caller's); `text` receives
+    // a string the system allocated (freed below).
     if unsafe { ConvertSidToStringSidW(sid, &mut text) } == 0 {
         return Err(io::Error::last_os_error());
     }
@@ -157,6 +172,55 @@ pub fn user_sid() -> io::Result<String> {
     // SAFETY: allocated by the conversion, not used after this.
     unsafe { LocalFree(text.cast()) };
     Ok(s)
+}
+
+/// Who owns the file or folder behind a handle.
+#[derive(Debug, Clone, Copy)]
+pub struct Owner {
+    /// This process's user, or the owner its token gives what it makes.
+    pub mine: bool,
+    /// SYSTEM, Administrators or TrustedInstaller.
+    pub system: bool,
+}
+
+/// The owner of what `h` is open on (the handle needs READ_CONTROL, which
+/// reading gives).
+pub fn owner_of(h: &impl AsRawHandle) -> io::Result<Owner> {
+    static MINE: OnceLock<(String, String)> = OnceLock::new();
+    let mut owner: PSID = null_mut();
+    let mut sd: PSECURITY_DESCRIPTOR = null_mut();
+    // SAFETY: a handle the caller holds open; `owner` points into `sd`,
+    // which the system allocated (freed below).
+    let rc = unsafe {
+        GetSecurityInfo(
+            h.as_raw_handle(),
+            SE_FILE_OBJECT,
+            OWNER_SECURITY_INFORMATION,
+            &mut owner,
+            null_mut(),
+            null_mut(),
+            null_mut(),
+            &mut sd,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc as i32));
+    }
+    let text = sid_text(owner);
+    // SAFETY: allocated by the call above, freed once (after its SID's use).
+    unsafe { LocalFree(sd) };
+    let text = text?;
+    let mine = match MINE.get() {
+        Some(m) => m,
+        None => {
+            let m = (token_sid(TokenUser)?, token_sid(TokenOwner)?);
+            MINE.get_or_init(|| m)
+        }
+    };
+    Ok(Owner {
+        mine: text == mine.0 || text == mine.1,
+        system: ["S-1-5-18", "S-1-5-32-544", TRUSTED_INSTALLER].contains(&text.as_str()),
+    })
 }
 
 /// Rights that change an object or put another in its place: write and
@@ -172,10 +236,24 @@ const TRUSTED_INSTALLER: &str = "S-1-5-80-956008885-3418522649-1831038044-185329
 
 /// Who, besides SYSTEM, Administrators, TrustedInstaller and this
 /// process's user, could change `path` or put something else in its place
-/// (through the folders above it); None when no one. What a program
-/// running as LocalSystem reads must pass: another user who could change
-/// it would run their own as the system.
+/// (through the folders above it, or a link or junction on the way); None
+/// when no one. What a program running as LocalSystem reads must pass:
+/// another user who could change it would run their own as the system.
 pub fn changeable_by_others(path: &Path) -> io::Result<Option<String>> {
+    // A link or junction on the way as spelled: whoever may change it, or
+    // the folder holding it, chooses what is reached. Only real paths.
+    let spelled = std::path::absolute(path)?;
+    for p in spelled.ancestors() {
+        if std::fs::symlink_metadata(p)
+            .is_ok_and(|m| m.file_attributes() & FILE_ATTRIBUTE_REPARSE_POINT != 0)
+        {
+            return Ok(Some(format!(
+                "{} goes through the link or junction {} (give the real path)",
+                spelled.display(),
+                p.display()
+            )));
+        }
+    }
     let real = std::fs::canonicalize(path)?;
     let me = user_sid()?;
     let trusted = [
@@ -210,14 +288,27 @@ fn shown_path(p: &Path) -> String {
     s.strip_prefix(r"\\?\").map(str::to_owned).unwrap_or(s)
 }
 
-/// Makes `path` (and its parent) a folder only SYSTEM and Administrators
-/// may change, or checks that an existing one is: not a link or junction
-/// (which would send what is written there elsewhere) and changeable by no
-/// one else.
+/// Makes `path` and its parent (`%ProgramData%\longhaul\logs`: both
+/// ours) folders only SYSTEM and Administrators may change, or checks
+/// that existing ones are: real folders (not links or junctions, which
+/// would send what is written there elsewhere), changeable by no one else
+/// — nor replaceable through a folder above, or reached through a link.
 pub fn admin_folder(path: &Path) -> io::Result<()> {
-    if let Some(parent) = path.parent().filter(|p| !p.exists()) {
-        admin_folder(parent)?;
+    if let Some(parent) = path.parent().filter(|p| p.parent().is_some()) {
+        made_or_checked(parent)?;
     }
+    made_or_checked(path)?;
+    match changeable_by_others(path)? {
+        None => Ok(()),
+        Some(why) => Err(io::Error::other(format!(
+            "{why}: remove what others made (it is made again for Administrators only)"
+        ))),
+    }
+}
+
+/// Makes folder `path` with an Administrators-only list, or checks the
+/// one there.
+fn made_or_checked(path: &Path) -> io::Result<()> {
     let sddl: Vec<u16> = "D:P(A;OICI;FA;;;SY)(A;OICI;FA;;;BA)\0"
         .encode_utf16()
         .collect();
@@ -317,6 +408,10 @@ fn sddl_of(path: &Path) -> io::Result<String> {
 /// owns the object or is allowed any of `rights` on it (access entries
 /// that only pass on to children skipped); its name.
 pub(crate) fn untrusted_in(sddl: &str, rights: u32, trusted: &[&str]) -> Option<String> {
+    // A conditional entry's quoted strings may hold anything, parentheses
+    // included: out before the entries are split (they come after the SID).
+    let unquoted: String = sddl.split('"').step_by(2).collect();
+    let sddl = unquoted.as_str();
     let part = |tag: &str| {
         let start = sddl.find(tag)? + tag.len();
         let rest = &sddl[start..];
@@ -537,6 +632,9 @@ mod tests {
         assert!(untrusted_in("O:SYD:(A;;QQ;;;IU)", w, &t).is_some());
         assert!(untrusted_in("O:SYD:(XA;;FA;;;WD;(Member_of {SID(BA)}))", w, &t).is_some());
         assert!(untrusted_in("O:SYD:NO_ACCESS_CONTROL", w, &t).is_some());
+        // A parenthesis in a condition's string hides no later entry.
+        let quoted = r#"O:SYD:(XA;;0x1;;;WD;(@User.x == "("))(A;;FA;;;S-1-5-21-9)"#;
+        assert_eq!(untrusted_in(quoted, w, &t).as_deref(), Some("S-1-5-21-9"));
         assert!(untrusted_in("O:SY", w, &t).is_some());
         assert_eq!(untrusted_in("O:SYD:(D;;FA;;;WD)(A;;FR;;;WD)", w, &t), None);
     }
@@ -545,6 +643,7 @@ mod tests {
     fn an_admin_folder_is_made_and_a_file_in_its_place_refused() {
         let base = std::env::temp_dir().join(format!("lh-admin-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
         let logs = base.join("longhaul").join("logs");
         admin_folder(&logs).unwrap();
         assert!(logs.is_dir());

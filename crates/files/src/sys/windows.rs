@@ -7,9 +7,10 @@
 //! trailing dot or space (which Windows drops, making two names one), no
 //! 8.3 short name (`PROGRA~1`: another name for a file beside it). A link
 //! or junction is opened as itself where a name must not be followed.
-//! There are no FIFOs or devices in a folder, no permission bits (a file
-//! without write bits is made read-only) and no owners checked: a folder's
-//! access list is inherited from above.
+//! There are no FIFOs or devices in a folder and no permission bits (a
+//! file without write bits is made read-only); owners are read from open
+//! handles (a folder or partial file another user made is refused, as on
+//! Unix).
 
 use std::borrow::Cow;
 use std::ffi::{OsStr, OsString};
@@ -59,7 +60,8 @@ fn stat_of(m: &cap_std::fs::Metadata) -> Stat {
         kind: kind(m.file_type()),
         size: m.len(),
         mtime: modified,
-        mine: true,
+        // Known only through a handle ([`owned`]).
+        mine: false,
         system: false,
         owner: 0,
         mode: if readonly { 0o444 } else { 0o644 },
@@ -86,8 +88,30 @@ fn std_file(f: cap_std::fs::File) -> File {
 
 impl Dir {
     /// A folder the user named, following links as the shell would.
+    /// Only a folder on a drive letter: for a share (`\\host\share`, a
+    /// mapped network drive) or a volume without a letter, cap-std's calls
+    /// that work by path (make, remove, rename, list) would act relative
+    /// to the current folder instead (cap-std issue 348), so those are
+    /// refused in one line.
     pub fn open(path: &Path) -> io::Result<Dir> {
-        cap_std::fs::Dir::open_ambient_dir(path, ambient_authority()).map(Dir)
+        let dir = cap_std::fs::Dir::open_ambient_dir(path, ambient_authority())?;
+        let real = std::fs::canonicalize(path)?;
+        let b = real.as_os_str().as_encoded_bytes();
+        let on_drive = b.len() >= 7
+            && b.starts_with(br"\\?\")
+            && b[4].is_ascii_alphabetic()
+            && &b[5..7] == br":\";
+        if !on_drive {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{}: a share or a volume without a drive letter ({}) is not served or written by the file service yet; use a folder on a local drive",
+                    path.display(),
+                    real.display()
+                ),
+            ));
+        }
+        Ok(Dir(dir))
     }
 
     /// cap-std resolves beneath on every Windows.
@@ -142,7 +166,9 @@ impl Dir {
     }
 
     pub fn stat(&self) -> io::Result<Stat> {
-        self.0.dir_metadata().map(|m| stat_of(&m))
+        let mut st = stat_of(&self.0.dir_metadata()?);
+        owned(&mut st, &self.0)?;
+        Ok(st)
     }
 
     pub fn entries(&self) -> io::Result<Entries> {
@@ -183,7 +209,8 @@ impl Dir {
 }
 
 /// A folder's names, read as they are asked for; a name that is not
-/// UTF-8 (a lone surrogate) is left out: it could not be named back.
+/// UTF-8 (a lone surrogate) or that [`name_refusal`] refuses is left out:
+/// it could not be named back, or would name another.
 pub struct Entries(cap_std::fs::ReadDir);
 
 impl Iterator for Entries {
@@ -192,9 +219,13 @@ impl Iterator for Entries {
     fn next(&mut self) -> Option<io::Result<Vec<u8>>> {
         loop {
             return match self.0.next()? {
+                // A name Windows would rewrite (`a.` is `a` to the calls
+                // that take paths) could act on another: left out.
                 Ok(e) => match e.file_name().into_string() {
-                    Ok(name) => Some(Ok(name.into_bytes())),
-                    Err(_) => continue,
+                    Ok(name) if name_refusal(name.as_bytes()).is_none() => {
+                        Some(Ok(name.into_bytes()))
+                    }
+                    _ => continue,
                 },
                 Err(e) => Some(Err(e)),
             };
@@ -255,6 +286,13 @@ pub fn name_refusal(name: &[u8]) -> Option<&'static str> {
     if device {
         return Some("device names (CON, NUL, COM1…) are refused");
     }
+    let ntfs = [
+        "$MFT", "$MFTMIRR", "$LOGFILE", "$VOLUME", "$ATTRDEF", "$BITMAP", "$BOOT", "$BADCLUS",
+        "$SECURE", "$UPCASE", "$EXTEND", "$QUOTA", "$OBJID", "$REPARSE",
+    ];
+    if ntfs.contains(&stem.as_str()) {
+        return Some("NTFS metadata names ($MFT, $Extend…) are refused");
+    }
     // An 8.3 short name: at most 8 characters with `~` and digits, then
     // an extension of at most 3.
     let (base, ext) = name.split_once('.').unwrap_or((name, ""));
@@ -288,8 +326,18 @@ pub fn why(e: &io::Error) -> Why {
 }
 
 pub fn file_stat(f: &File) -> io::Result<Stat> {
-    let m = cap_primitives::fs::Metadata::from_file(f)?;
-    Ok(stat_of(&m))
+    let mut st = stat_of(&cap_primitives::fs::Metadata::from_file(f)?);
+    owned(&mut st, f)?;
+    Ok(st)
+}
+
+/// Who owns what `h` is open on (a name's metadata alone does not say:
+/// only what is looked at through a handle has its owner checked).
+fn owned(st: &mut Stat, h: &impl std::os::windows::io::AsRawHandle) -> io::Result<()> {
+    let o = longhaul_carrier::private::owner_of(h)?;
+    st.mine = o.mine;
+    st.system = o.system;
+    Ok(())
 }
 
 /// std's lock (`LockFileEx`): held until the file is closed.

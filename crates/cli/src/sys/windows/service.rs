@@ -131,30 +131,47 @@ fn install(name: &str, command: Vec<OsString>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A service runs as LocalSystem: whoever could change its program, its
-/// folder or a file its command names (its config, keys, tokens) could
+/// A service runs as LocalSystem: whoever could change its program (or
+/// add a library beside it), its folder or a file its command names —
+/// on the command line or in its config (config, keys, tokens) — could
 /// run their own code or configuration as the system. Each must be
-/// changeable by SYSTEM, Administrators and the installing user only.
+/// changeable by SYSTEM, Administrators and the installing user only; a
+/// named file not there yet, its folder (whoever may add it chooses it).
 fn only_admins_change(dir: &std::path::Path, command: &[OsString]) -> anyhow::Result<()> {
-    let mut paths = vec![std::env::current_exe()?, dir.to_path_buf()];
-    for arg in command {
+    let exe = std::env::current_exe()?;
+    let mut paths = vec![exe.clone(), dir.to_path_buf()];
+    paths.extend(exe.parent().map(std::path::Path::to_path_buf));
+    let argv: Vec<OsString> = std::iter::once(OsString::from("longhaul"))
+        .chain(command.iter().cloned())
+        .collect();
+    let expanded = crate::config::expand(argv).map_err(|e| anyhow::anyhow!(e))?;
+    for arg in command.iter().chain(expanded.iter().skip(1)) {
         let arg = arg.to_string_lossy();
         // `--flag=value`, or the value on its own.
         let value = match arg.split_once('=') {
             Some((flag, v)) if flag.starts_with('-') => v,
             _ => &arg,
         };
+        if value.is_empty() || value.starts_with('-') || value.contains("://") {
+            continue;
+        }
         let path = dir.join(value);
         if path.is_file() {
             paths.push(path);
+        } else if value.contains(['\\', '/']) && !path.exists() {
+            if let Some(folder) = path.parent().filter(|f| f.is_dir()) {
+                paths.push(folder.to_path_buf());
+            }
         }
     }
+    paths.sort();
+    paths.dedup();
     for path in paths {
         if let Some(why) = longhaul_carrier::private::changeable_by_others(&path)
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
         {
             anyhow::bail!(
-                "{why}, and a service runs as LocalSystem: keep the program, its folder and the files it reads where only Administrators write (C:\\Program Files\\longhaul, %ProgramData%\\longhaul)"
+                "{why}, and a service runs as LocalSystem: keep the program, its folder and the files it reads where only Administrators write (C:\\Program Files\\longhaul; a folder made in %ProgramData% or C:\\ lets users add files)"
             );
         }
     }
