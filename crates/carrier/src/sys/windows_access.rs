@@ -536,47 +536,10 @@ fn sid_name(sid: &str) -> String {
 mod tests {
     use super::*;
 
-    /// The access list a file has, as SDDL.
+    /// The access list a file has, as SDDL (its owner left out).
     fn dacl_of(path: &Path) -> String {
-        let wide: Vec<u16> = path.as_os_str().encode_wide().chain([0]).collect();
-        let mut sd: PSECURITY_DESCRIPTOR = null_mut();
-        // SAFETY: a NUL-terminated path; `sd` receives a descriptor freed below.
-        let rc = unsafe {
-            GetNamedSecurityInfoW(
-                wide.as_ptr(),
-                SE_FILE_OBJECT,
-                DACL_SECURITY_INFORMATION,
-                null_mut(),
-                null_mut(),
-                null_mut(),
-                null_mut(),
-                &mut sd,
-            )
-        };
-        assert_eq!(rc, 0, "GetNamedSecurityInfoW");
-        let mut text: *mut u16 = null_mut();
-        // SAFETY: `sd` from the call above; `text` freed below.
-        let ok = unsafe {
-            ConvertSecurityDescriptorToStringSecurityDescriptorW(
-                sd,
-                SDDL_REVISION_1,
-                DACL_SECURITY_INFORMATION,
-                &mut text,
-                null_mut(),
-            )
-        };
-        assert_ne!(ok, 0);
-        // SAFETY: a NUL-terminated string from the call above.
-        let s = unsafe {
-            let n = (0..).take_while(|&i| *text.add(i) != 0).count();
-            String::from_utf16_lossy(std::slice::from_raw_parts(text, n))
-        };
-        // SAFETY: both allocated by the calls above.
-        unsafe {
-            LocalFree(text.cast());
-            LocalFree(sd);
-        }
-        s
+        let s = sddl_of(path).unwrap();
+        s[s.find("D:").unwrap_or(s.len())..].to_string()
     }
 
     #[test]
