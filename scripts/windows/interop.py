@@ -378,6 +378,21 @@ def main():
                   r.returncode != 0 and "open_ak can be changed by Everyone" in r.stderr,
                   r.stdout + r.stderr)
             os.remove(cfg2)
+            # The words of a cmd:// command; a drive-relative path.
+            bat = os.path.join(work, "open.bat")
+            with open(bat, "w") as f:
+                f.write("@echo off\r\n")
+            os.chmod(bat, 0o666)
+            r = wine_run(["service", "install", "--name", name, "client",
+                          "cmd://" + winpath(bat), "-L", "1:127.0.0.1:1"], cwd=svc_dir)
+            check("windows service: a cmd:// program others may change is refused",
+                  r.returncode != 0 and "open.bat can be changed by Everyone" in r.stderr,
+                  r.stdout + r.stderr)
+            r = wine_run(["service", "install", "--name", name,
+                          "server", "--config", "service.toml", "--authorized-keys", "C:keys"],
+                         cwd=svc_dir)
+            check("windows service: a drive-relative path is refused",
+                  r.returncode != 0 and "drive-relative" in r.stderr, r.stdout + r.stderr)
             r = wine_run(["service", "install", "--name", "..\\x",
                           "server", "--config", "service.toml"], cwd=svc_dir)
             check("windows service: a name that is a path is refused",

@@ -16,8 +16,10 @@
 //!   anything is started for it (a file, a thread). When the places are
 //!   taken, a carrier that appeared later (by notification order) than the
 //!   earliest one in its handshake ends that one (its first file removed)
-//!   to take its place, as OpenSSH's MaxStartups drops: forged carriers
-//!   made before a real client cannot keep it out, and no more than
+//!   to take its place — the earliest whose client has written nothing, if
+//!   there is one — as OpenSSH's MaxStartups drops: forged carriers made
+//!   before a real client cannot keep it out (nor empty ones found later
+//!   by a scan, which would otherwise count as newer), and no more than
 //!   2 × [`MAX_PENDING`] exist at once (beyond, without a slot, or not
 //!   newer, a carrier is refused: an END answers it, with no thread);
 //! * what the listener remembers is bounded: [`KNOWN_IDS`] ids not to
@@ -452,9 +454,10 @@ impl Listening {
     }
 
     /// Makes a place among the handshakes for a carrier that appeared at
-    /// `seq`: if all [`MAX_PENDING`] are taken, ends the one that appeared
-    /// first, if that was before `seq` (its reader finds its first file
-    /// gone). False if there is no place for it.
+    /// `seq`: if all [`MAX_PENDING`] are taken, ends the earliest whose
+    /// client has written nothing yet, else the earliest, if that appeared
+    /// before `seq` (its reader finds its first file gone). False if there
+    /// is no place for it. (At most 2 × [`MAX_PENDING`] lengths looked at.)
     fn make_room(&mut self, seq: u64) -> bool {
         self.pending.retain(|(_, _, w, _)| w.strong_count() > 0);
         if self.pending.len() >= 2 * MAX_PENDING {
@@ -464,7 +467,29 @@ impl Listening {
         if live < MAX_PENDING {
             return true;
         }
-        let Some(first) = self.pending.iter_mut().filter(|p| !p.3).min_by_key(|p| p.1) else {
+        // The earliest that has sent nothing yet (a client writes its
+        // first message as soon as its file exists: an empty one is most
+        // likely forged), else the earliest of all.
+        let dir = &self.url.dir;
+        let silent = |id: u64| {
+            let first = segment_path(dir, &format!("{id:016x}.c"), 0);
+            std::fs::symlink_metadata(first).is_ok_and(|m| m.len() == 0)
+        };
+        let victim = self
+            .pending
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| !p.3 && p.1 < seq && silent(p.0))
+            .min_by_key(|(_, p)| p.1)
+            .or_else(|| {
+                self.pending
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| !p.3)
+                    .min_by_key(|(_, p)| p.1)
+            })
+            .map(|(i, _)| i);
+        let Some(first) = victim.and_then(|i| self.pending.get_mut(i)) else {
             return true;
         };
         if first.1 >= seq {

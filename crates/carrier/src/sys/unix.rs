@@ -76,8 +76,8 @@ pub fn tcp_path(sock: &socket2::Socket) -> Option<TcpPath> {
         })
     }
     // macOS: TCP_CONNECTION_INFO (smoothed RTT and RTO in ms, the window
-    // in bytes, bytes retransmitted); no delivery rate (one window per RTT
-    // instead) or unsent bytes.
+    // in bytes); no delivery rate (one window per RTT instead), unsent
+    // bytes or retransmissions.
     #[cfg(target_vendor = "apple")]
     {
         // SAFETY: as above.
@@ -87,7 +87,10 @@ pub fn tcp_path(sock: &socket2::Socket) -> Option<TcpPath> {
         Some(TcpPath {
             rtt,
             delivery_rate: super::window_rate(info.tcpi_snd_cwnd as u64, rtt),
-            retransmits: (info.tcpi_txretransmitbytes / info.tcpi_maxseg.max(1) as u64) as u32,
+            // libc's struct declares XNU's TFO bitfield as fifteen
+            // integers: the counters after it are not where the kernel
+            // writes them. Not known.
+            retransmits: 0,
             rto: (info.tcpi_rto != 0).then(|| Duration::from_millis(info.tcpi_rto as u64)),
             notsent: 0,
             cwnd_bytes: info.tcpi_snd_cwnd as u64,

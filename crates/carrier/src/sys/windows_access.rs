@@ -206,7 +206,10 @@ pub fn owner_of(h: &impl AsRawHandle) -> io::Result<Owner> {
     if rc != 0 {
         return Err(io::Error::from_raw_os_error(rc as i32));
     }
-    let text = sid_text(owner);
+    let text = match owner.is_null() {
+        true => Err(io::Error::other("no owner")),
+        false => sid_text(owner),
+    };
     // SAFETY: allocated by the call above, freed once (after its SID's use).
     unsafe { LocalFree(sd) };
     let text = text?;
@@ -218,7 +221,8 @@ pub fn owner_of(h: &impl AsRawHandle) -> io::Result<Owner> {
         }
     };
     Ok(Owner {
-        mine: text == mine.0 || text == mine.1,
+        // Everyone: a volume without owners (FAT, exFAT), where anyone is.
+        mine: text == mine.0 || text == mine.1 || text == "S-1-1-0",
         system: ["S-1-5-18", "S-1-5-32-544", TRUSTED_INSTALLER].contains(&text.as_str()),
     })
 }

@@ -9,8 +9,8 @@
 //! or junction is opened as itself where a name must not be followed.
 //! There are no FIFOs or devices in a folder and no permission bits (a
 //! file without write bits is made read-only); owners are read from open
-//! handles (a folder or partial file another user made is refused, as on
-//! Unix).
+//! handles (a folder or partial file another user made is refused), but a
+//! folder's access list is inherited, not narrowed as Unix's 0700 is.
 
 use std::borrow::Cow;
 use std::ffi::{OsStr, OsString};
@@ -209,8 +209,9 @@ impl Dir {
 }
 
 /// A folder's names, read as they are asked for; a name that is not
-/// UTF-8 (a lone surrogate) or that [`name_refusal`] refuses is left out:
-/// it could not be named back, or would name another.
+/// UTF-8 (a lone surrogate) or ends in a dot or a space (made through
+/// `\\?\`: the calls by path would take `a.` for `a`) is left out. Other
+/// names [`name_refusal`] refuses are listed, and refused when asked for.
 pub struct Entries(cap_std::fs::ReadDir);
 
 impl Iterator for Entries {
@@ -222,9 +223,7 @@ impl Iterator for Entries {
                 // A name Windows would rewrite (`a.` is `a` to the calls
                 // that take paths) could act on another: left out.
                 Ok(e) => match e.file_name().into_string() {
-                    Ok(name) if name_refusal(name.as_bytes()).is_none() => {
-                        Some(Ok(name.into_bytes()))
-                    }
+                    Ok(name) if !name.ends_with(['.', ' ']) => Some(Ok(name.into_bytes())),
                     _ => continue,
                 },
                 Err(e) => Some(Err(e)),
@@ -290,7 +289,7 @@ pub fn name_refusal(name: &[u8]) -> Option<&'static str> {
         "$MFT", "$MFTMIRR", "$LOGFILE", "$VOLUME", "$ATTRDEF", "$BITMAP", "$BOOT", "$BADCLUS",
         "$SECURE", "$UPCASE", "$EXTEND", "$QUOTA", "$OBJID", "$REPARSE",
     ];
-    if ntfs.contains(&stem.as_str()) {
+    if ntfs.contains(&name.to_ascii_uppercase().as_str()) {
         return Some("NTFS metadata names ($MFT, $Extend…) are refused");
     }
     // An 8.3 short name: at most 8 characters with `~` and digits, then

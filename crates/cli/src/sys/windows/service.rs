@@ -136,7 +136,9 @@ fn install(name: &str, command: Vec<OsString>) -> anyhow::Result<()> {
 /// on the command line or in its config (config, keys, tokens) — could
 /// run their own code or configuration as the system. Each must be
 /// changeable by SYSTEM, Administrators and the installing user only; a
-/// named file not there yet, its folder (whoever may add it chooses it).
+/// named file not there yet, the nearest folder that is (whoever may add
+/// it chooses it); the words of a `cmd://` command too. A folder
+/// carrier's folder is not: its peer writes it by design.
 fn only_admins_change(dir: &std::path::Path, command: &[OsString]) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let mut paths = vec![exe.clone(), dir.to_path_buf()];
@@ -152,15 +154,40 @@ fn only_admins_change(dir: &std::path::Path, command: &[OsString]) -> anyhow::Re
             Some((flag, v)) if flag.starts_with('-') => v,
             _ => &arg,
         };
-        if value.is_empty() || value.starts_with('-') || value.contains("://") {
-            continue;
-        }
-        let path = dir.join(value);
-        if path.is_file() {
-            paths.push(path);
-        } else if value.contains(['\\', '/']) && !path.exists() {
-            if let Some(folder) = path.parent().filter(|f| f.is_dir()) {
-                paths.push(folder.to_path_buf());
+        // A folder carrier's folder is written by its peer by design; a
+        // command's words may name its program and its files.
+        let words: Vec<&str> = match value.strip_prefix("cmd://") {
+            Some(cmd) => cmd.split_whitespace().collect(),
+            None if value.contains("://") => continue,
+            None => vec![value],
+        };
+        for word in words {
+            let word = word.trim_matches('"');
+            if word.is_empty() || word.starts_with('-') {
+                continue;
+            }
+            // `D:file` is relative to a folder the service will not have
+            // (`h:22`, a host and port, is not a path).
+            let b = word.as_bytes();
+            if b.len() > 2
+                && b[0].is_ascii_alphabetic()
+                && b[1] == b':'
+                && !matches!(b[2], b'\\' | b'/')
+                && !b[2..].iter().all(u8::is_ascii_digit)
+            {
+                anyhow::bail!(
+                    "{word}: a drive-relative path; give it whole ({}:\\…)",
+                    b[0] as char
+                );
+            }
+            let path = dir.join(word);
+            if path.is_file() {
+                paths.push(path);
+            } else if word.contains(['\\', '/']) && !path.exists() {
+                // Not there yet: whoever may make it there chooses it.
+                if let Some(folder) = path.ancestors().skip(1).find(|f| f.is_dir()) {
+                    paths.push(folder.to_path_buf());
+                }
             }
         }
     }
