@@ -388,6 +388,12 @@ def main():
             check("windows service: a cmd:// program others may change is refused",
                   r.returncode != 0 and "open.bat can be changed by Everyone" in r.stderr,
                   r.stdout + r.stderr)
+            for cmd, said in (("cmd://%ProgramData%\\lh\\plink.exe host", "%VARIABLES%"),
+                              ("cmd://plink host", "whole path")):
+                r = wine_run(["service", "install", "--name", name, "client", cmd,
+                              "-L", "1:127.0.0.1:1"], cwd=svc_dir)
+                check(f"windows service: '{cmd}' is refused",
+                      r.returncode != 0 and said in r.stderr, r.stdout + r.stderr)
             r = wine_run(["service", "install", "--name", name,
                           "server", "--config", "service.toml", "--authorized-keys", "C:keys"],
                          cwd=svc_dir)

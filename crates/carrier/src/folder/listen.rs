@@ -16,7 +16,7 @@
 //!   anything is started for it (a file, a thread). When the places are
 //!   taken, a carrier that appeared later (by notification order) than the
 //!   earliest one in its handshake ends that one (its first file removed)
-//!   to take its place — the earliest whose client has written nothing, if
+//!   to take its place — the earliest whose client has sent nothing, if
 //!   there is one — as OpenSSH's MaxStartups drops: forged carriers made
 //!   before a real client cannot keep it out (nor empty ones found later
 //!   by a scan, which would otherwise count as newer), and no more than
@@ -82,6 +82,19 @@ pub struct Admission {
 /// A carrier's place among the handshakes: dropped, the place is free.
 pub struct Pending {
     _place: Arc<()>,
+}
+
+/// A carrier started and in its handshake, as the listener remembers it.
+struct Started {
+    id: u64,
+    /// When it appeared (notification order).
+    seq: u64,
+    /// Its place among the handshakes: gone once the handshake is done.
+    place: Weak<()>,
+    /// Ended to make room for a later one.
+    ended: bool,
+    /// Its client's first bytes were read.
+    heard: Arc<AtomicBool>,
 }
 
 /// Server side: finds carriers that clients open in the directory.
@@ -253,8 +266,8 @@ struct Listening {
     started: SystemTime,
     slots: Option<Arc<Semaphore>>,
     /// Carriers started and (while their [`Pending`] lives) in their
-    /// handshake: id, when it appeared, true once ended to make room.
-    pending: VecDeque<(u64, u64, Weak<()>, bool)>,
+    /// handshake.
+    pending: VecDeque<Started>,
     /// Ids found by notification, waiting for a decision (newest last),
     /// with when they appeared.
     queued: VecDeque<(u64, u64)>,
@@ -433,8 +446,15 @@ impl Listening {
         match stream {
             Ok(mut s) => {
                 let place = Arc::new(());
-                self.pending
-                    .push_back((id, seq, Arc::downgrade(&place), false));
+                let heard = Arc::new(AtomicBool::new(false));
+                s.on_first_bytes(heard.clone());
+                self.pending.push_back(Started {
+                    id,
+                    seq,
+                    place: Arc::downgrade(&place),
+                    ended: false,
+                    heard,
+                });
                 s.admission = Admission {
                     slot,
                     pending: Some(Pending { _place: place }),
@@ -457,46 +477,41 @@ impl Listening {
     /// `seq`: if all [`MAX_PENDING`] are taken, ends the earliest whose
     /// client has written nothing yet, else the earliest, if that appeared
     /// before `seq` (its reader finds its first file gone). False if there
-    /// is no place for it. (At most 2 × [`MAX_PENDING`] lengths looked at.)
+    /// is no place for it.
     fn make_room(&mut self, seq: u64) -> bool {
-        self.pending.retain(|(_, _, w, _)| w.strong_count() > 0);
+        self.pending.retain(|p| p.place.strong_count() > 0);
         if self.pending.len() >= 2 * MAX_PENDING {
             return false;
         }
-        let live = self.pending.iter().filter(|p| !p.3).count();
+        let live = self.pending.iter().filter(|p| !p.ended).count();
         if live < MAX_PENDING {
             return true;
         }
         // The earliest that has sent nothing yet (a client writes its
-        // first message as soon as its file exists: an empty one is most
-        // likely forged), else the earliest of all.
-        let dir = &self.url.dir;
-        let silent = |id: u64| {
-            let first = segment_path(dir, &format!("{id:016x}.c"), 0);
-            std::fs::symlink_metadata(first).is_ok_and(|m| m.len() == 0)
-        };
+        // first message as soon as its file exists: one that has not is
+        // most likely forged), else the earliest of all.
         let victim = self
             .pending
             .iter()
             .enumerate()
-            .filter(|(_, p)| !p.3 && p.1 < seq && silent(p.0))
-            .min_by_key(|(_, p)| p.1)
+            .filter(|(_, p)| !p.ended && p.seq < seq && !p.heard.load(Ordering::Relaxed))
+            .min_by_key(|(_, p)| p.seq)
             .or_else(|| {
                 self.pending
                     .iter()
                     .enumerate()
-                    .filter(|(_, p)| !p.3)
-                    .min_by_key(|(_, p)| p.1)
+                    .filter(|(_, p)| !p.ended)
+                    .min_by_key(|(_, p)| p.seq)
             })
             .map(|(i, _)| i);
         let Some(first) = victim.and_then(|i| self.pending.get_mut(i)) else {
             return true;
         };
-        if first.1 >= seq {
+        if first.seq >= seq {
             return false;
         }
-        first.3 = true;
-        let path = segment_path(&self.url.dir, &format!("{:016x}.c", first.0), 0);
+        first.ended = true;
+        let path = segment_path(&self.url.dir, &format!("{:016x}.c", first.id), 0);
         let _ = std::fs::remove_file(path);
         let why = format!("{MAX_PENDING} carriers were in their handshake: ended the earliest");
         self.refused.note(&self.url.dir, &why);

@@ -32,6 +32,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -201,9 +202,17 @@ pub struct FolderStream {
     /// What a listener's carrier holds (its session slot, its place among
     /// the handshakes): the server takes it over.
     pub admission: Admission,
+    /// A listener's carrier: set once its client's first bytes are read
+    /// (the listener ends one that has sent nothing first).
+    heard: Option<Arc<AtomicBool>>,
 }
 
 impl FolderStream {
+    /// Sets `heard` once the client's first bytes are read.
+    pub(crate) fn on_first_bytes(&mut self, heard: Arc<AtomicBool>) {
+        self.heard = Some(heard);
+    }
+
     pub fn into_split(self) -> (FolderRead, FolderWrite) {
         (self.read, self.write)
     }
@@ -215,7 +224,14 @@ impl AsyncRead for FolderStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.read).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.read).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            if let Some(h) = self.heard.take() {
+                h.store(true, Ordering::Relaxed);
+            }
+        }
+        r
     }
 }
 
@@ -276,6 +292,7 @@ fn start(
         write,
         peer: format!("{url}#{id}"),
         admission: Admission::default(),
+        heard: None,
     })
 }
 

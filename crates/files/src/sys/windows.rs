@@ -209,9 +209,10 @@ impl Dir {
 }
 
 /// A folder's names, read as they are asked for; a name that is not
-/// UTF-8 (a lone surrogate) or ends in a dot or a space (made through
-/// `\\?\`: the calls by path would take `a.` for `a`) is left out. Other
-/// names [`name_refusal`] refuses are listed, and refused when asked for.
+/// UTF-8 (a lone surrogate), ends in a dot or a space or is a device's
+/// (made through `\\?\`: the calls by path would take `a.` for `a`, `CON`
+/// for the console) is left out. Other names [`name_refusal`] refuses are
+/// listed, and refused when asked for.
 pub struct Entries(cap_std::fs::ReadDir);
 
 impl Iterator for Entries {
@@ -223,7 +224,7 @@ impl Iterator for Entries {
                 // A name Windows would rewrite (`a.` is `a` to the calls
                 // that take paths) could act on another: left out.
                 Ok(e) => match e.file_name().into_string() {
-                    Ok(name) if !name.ends_with(['.', ' ']) => Some(Ok(name.into_bytes())),
+                    Ok(name) if !rewritten(&name) => Some(Ok(name.into_bytes())),
                     _ => continue,
                 },
                 Err(e) => Some(Err(e)),
@@ -254,6 +255,33 @@ pub fn is_local_spelling(s: &str) -> bool {
             && matches!(b.get(2), None | Some(b'/' | b'\\')))
 }
 
+/// A device's name (`CON`, `nul.txt`, `COM1`, `LPT²`…): Windows opens the
+/// device for it in every folder.
+fn device(name: &str) -> bool {
+    let stem = name
+        .split('.')
+        .next()
+        .unwrap_or("")
+        .trim_end()
+        .to_ascii_uppercase();
+    matches!(
+        stem.as_str(),
+        "CON" | "PRN" | "AUX" | "NUL" | "CONIN$" | "CONOUT$"
+    ) || (stem.len() == 4
+        && (stem.starts_with("COM") || stem.starts_with("LPT"))
+        && stem[3..]
+            .chars()
+            .all(|c| c.is_ascii_digit() || "¹²³".contains(c)))
+        || ((stem.starts_with("COM") || stem.starts_with("LPT"))
+            && ["¹", "²", "³"].contains(&&stem[3..]))
+}
+
+/// A name on disk the calls by path would take for another (`a.` for
+/// `a`) or for a device.
+fn rewritten(name: &str) -> bool {
+    name.ends_with(['.', ' ']) || device(name)
+}
+
 /// Why a name cannot be used on Windows, if it cannot.
 pub fn name_refusal(name: &[u8]) -> Option<&'static str> {
     let Ok(name) = std::str::from_utf8(name) else {
@@ -266,23 +294,7 @@ pub fn name_refusal(name: &[u8]) -> Option<&'static str> {
     if name.ends_with(['.', ' ']) {
         return Some("a name ending in a dot or a space is refused (Windows drops them)");
     }
-    let stem = name
-        .split('.')
-        .next()
-        .unwrap_or("")
-        .trim_end()
-        .to_ascii_uppercase();
-    let device = matches!(
-        stem.as_str(),
-        "CON" | "PRN" | "AUX" | "NUL" | "CONIN$" | "CONOUT$"
-    ) || (stem.len() == 4
-        && (stem.starts_with("COM") || stem.starts_with("LPT"))
-        && stem[3..]
-            .chars()
-            .all(|c| c.is_ascii_digit() || "¹²³".contains(c)))
-        || ((stem.starts_with("COM") || stem.starts_with("LPT"))
-            && ["¹", "²", "³"].contains(&&stem[3..]));
-    if device {
+    if device(name) {
         return Some("device names (CON, NUL, COM1…) are refused");
     }
     let ntfs = [

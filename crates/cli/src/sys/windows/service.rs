@@ -156,13 +156,12 @@ fn only_admins_change(dir: &std::path::Path, command: &[OsString]) -> anyhow::Re
         };
         // A folder carrier's folder is written by its peer by design; a
         // command's words may name its program and its files.
-        let words: Vec<&str> = match value.strip_prefix("cmd://") {
-            Some(cmd) => cmd.split_whitespace().collect(),
+        let words: Vec<String> = match value.strip_prefix("cmd://") {
+            Some(cmd) => command_words(cmd)?,
             None if value.contains("://") => continue,
-            None => vec![value],
+            None => vec![value.to_string()],
         };
-        for word in words {
-            let word = word.trim_matches('"');
+        for word in &words {
             if word.is_empty() || word.starts_with('-') {
                 continue;
             }
@@ -184,9 +183,14 @@ fn only_admins_change(dir: &std::path::Path, command: &[OsString]) -> anyhow::Re
             if path.is_file() {
                 paths.push(path);
             } else if word.contains(['\\', '/']) && !path.exists() {
-                // Not there yet: whoever may make it there chooses it.
-                if let Some(folder) = path.ancestors().skip(1).find(|f| f.is_dir()) {
-                    paths.push(folder.to_path_buf());
+                // Not there yet: whoever may make it there chooses it; with
+                // no folder at all (a drive or share not there now), who
+                // brings it.
+                match path.ancestors().skip(1).find(|f| f.is_dir()) {
+                    Some(folder) => paths.push(folder.to_path_buf()),
+                    None => anyhow::bail!(
+                        "{word}: no folder of it exists here (a drive or share not there now is anyone's to bring): give a path on a local drive"
+                    ),
                 }
             }
         }
@@ -203,6 +207,42 @@ fn only_admins_change(dir: &std::path::Path, command: &[OsString]) -> anyhow::Re
         }
     }
     Ok(())
+}
+
+/// The words of a `cmd://` command as `cmd /C` takes them (double quotes
+/// group), its program first: that must be a whole path to a file there,
+/// and no word may hold `%` (cmd expands it at run time, to what install
+/// cannot check).
+fn command_words(cmd: &str) -> anyhow::Result<Vec<String>> {
+    if cmd.contains('%') {
+        anyhow::bail!(
+            "cmd://{cmd}: a service's command may not use %VARIABLES% (write the paths out)"
+        );
+    }
+    let mut words = vec![];
+    let mut word = String::new();
+    let mut quoted = false;
+    for c in cmd.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            c if c.is_whitespace() && !quoted => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    let program = words.first().map(std::path::Path::new);
+    if !program.is_some_and(|p| p.is_absolute() && p.is_file()) {
+        anyhow::bail!(
+            "cmd://{cmd}: a service's command starts with its program's whole path (e.g. C:\\Windows\\System32\\OpenSSH\\ssh.exe), quoted if it has spaces"
+        );
+    }
+    Ok(words)
 }
 
 fn uninstall(name: &str) -> anyhow::Result<()> {
