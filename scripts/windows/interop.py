@@ -343,6 +343,14 @@ def main():
         svc_dir = os.path.join(os.environ["WINEPREFIX"], "drive_c", name)
         os.mkdir(svc_dir, 0o755)
         shutil.copy(os.path.join(work, "server.key"), svc_dir)
+        # Installed from there too, as from C:\\Program Files\\longhaul: the
+        # build's own folder may be one everyone can write (a clone in /tmp).
+        svc_exe = os.path.join(svc_dir, "longhaul.exe")
+        shutil.copy(WINDOWS, svc_exe)
+
+        def svc_run(args, cwd=None):
+            return wine_run(args, cmd=["wine", svc_exe] + args, cwd=cwd)
+
         cfg = os.path.join(svc_dir, "service.toml")
         with open(cfg, "w") as f:
             f.write(f'listen = ["127.0.0.1:{svc_port}"]\nkey = "server.key"\n'
@@ -352,13 +360,13 @@ def main():
         # program runs: one runs meanwhile.
         keep = start(["bench", "server", "--listen", f"127.0.0.1:{free_port()}"], windows=True)
         try:
-            r = wine_run(["service", "install", "--name", name, "server", "--config",
+            r = svc_run(["service", "install", "--name", name, "server", "--config",
                           "Z:" + cfg.replace("/", "\\")], cwd=work)
             check("windows service: a folder everyone may write is refused",
                   r.returncode != 0 and "can be replaced by Everyone" in r.stderr,
                   r.stdout + r.stderr)
             os.chmod(cfg, 0o666)
-            r = wine_run(["service", "install", "--name", name,
+            r = svc_run(["service", "install", "--name", name,
                           "server", "--config", "service.toml"], cwd=svc_dir)
             check("windows service: a config file everyone may change is refused",
                   r.returncode != 0 and "service.toml can be changed by Everyone" in r.stderr,
@@ -372,7 +380,7 @@ def main():
             cfg2 = os.path.join(svc_dir, "service2.toml")
             with open(cfg, "r") as f, open(cfg2, "w") as g:
                 g.write(f.read() + f'authorized-keys = "{winpath(ak).replace(chr(92), chr(92) * 2)}"\n')
-            r = wine_run(["service", "install", "--name", name,
+            r = svc_run(["service", "install", "--name", name,
                           "server", "--config", "service2.toml"], cwd=svc_dir)
             check("windows service: a file its config names, others may change, is refused",
                   r.returncode != 0 and "open_ak can be changed by Everyone" in r.stderr,
@@ -383,27 +391,27 @@ def main():
             with open(bat, "w") as f:
                 f.write("@echo off\r\n")
             os.chmod(bat, 0o666)
-            r = wine_run(["service", "install", "--name", name, "client",
+            r = svc_run(["service", "install", "--name", name, "client",
                           "cmd://" + winpath(bat), "-L", "1:127.0.0.1:1"], cwd=svc_dir)
             check("windows service: a cmd:// program others may change is refused",
                   r.returncode != 0 and "open.bat can be changed by Everyone" in r.stderr,
                   r.stdout + r.stderr)
             for cmd, said in (("cmd://%ProgramData%\\lh\\plink.exe host", "%VARIABLES%"),
                               ("cmd://plink host", "whole path")):
-                r = wine_run(["service", "install", "--name", name, "client", cmd,
+                r = svc_run(["service", "install", "--name", name, "client", cmd,
                               "-L", "1:127.0.0.1:1"], cwd=svc_dir)
                 check(f"windows service: '{cmd}' is refused",
                       r.returncode != 0 and said in r.stderr, r.stdout + r.stderr)
-            r = wine_run(["service", "install", "--name", name,
+            r = svc_run(["service", "install", "--name", name,
                           "server", "--config", "service.toml", "--authorized-keys", "C:keys"],
                          cwd=svc_dir)
             check("windows service: a drive-relative path is refused",
                   r.returncode != 0 and "drive-relative" in r.stderr, r.stdout + r.stderr)
-            r = wine_run(["service", "install", "--name", "..\\x",
+            r = svc_run(["service", "install", "--name", "..\\x",
                           "server", "--config", "service.toml"], cwd=svc_dir)
             check("windows service: a name that is a path is refused",
                   r.returncode != 0 and "a service name is" in r.stderr, r.stdout + r.stderr)
-            r = wine_run(["service", "install", "--name", name,
+            r = svc_run(["service", "install", "--name", name,
                           "server", "--config", "service.toml"], cwd=svc_dir)
             installed = r.returncode == 0
             check("windows service: installed", installed and "sc.exe start" in r.stdout,
