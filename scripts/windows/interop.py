@@ -387,7 +387,7 @@ def main():
                   r.stdout + r.stderr)
             os.remove(cfg2)
             # The words of a cmd:// command; a drive-relative path.
-            bat = os.path.join(work, "open.bat")
+            bat = os.path.join(svc_dir, "open.bat")
             with open(bat, "w") as f:
                 f.write("@echo off\r\n")
             os.chmod(bat, 0o666)
@@ -396,7 +396,9 @@ def main():
             check("windows service: a cmd:// program others may change is refused",
                   r.returncode != 0 and "open.bat can be changed by Everyone" in r.stderr,
                   r.stdout + r.stderr)
-            for cmd, said in (("cmd://%ProgramData%\\lh\\plink.exe host", "%VARIABLES%"),
+            for cmd, said in (("cmd://%ProgramData%\\lh\\plink.exe host", "one plain command"),
+                              ("cmd://" + winpath(svc_exe) + " x&C:\\x.bat", "one plain command"),
+                              ("cmd://" + winpath(svc_exe) + " -FC:\\cfg", "a word of its own"),
                               ("cmd://plink host", "whole path")):
                 r = svc_run(["service", "install", "--name", name, "client", cmd,
                               "-L", "1:127.0.0.1:1"], cwd=svc_dir)

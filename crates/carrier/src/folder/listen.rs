@@ -489,12 +489,21 @@ impl Listening {
         }
         // The earliest that has sent nothing yet (a client writes its
         // first message as soon as its file exists: one that has not is
-        // most likely forged), else the earliest of all.
+        // most likely forged), else the earliest of all. (At most
+        // 2 × MAX_PENDING lengths looked at, only when the places are full.)
+        // Heard: its reader has read from it, or its first file holds
+        // something (written, not yet read).
+        let dir = &self.url.dir;
+        let silent = |p: &Started| {
+            !p.heard.load(Ordering::Relaxed)
+                && std::fs::symlink_metadata(segment_path(dir, &format!("{:016x}.c", p.id), 0))
+                    .is_ok_and(|m| m.len() == 0)
+        };
         let victim = self
             .pending
             .iter()
             .enumerate()
-            .filter(|(_, p)| !p.ended && p.seq < seq && !p.heard.load(Ordering::Relaxed))
+            .filter(|(_, p)| !p.ended && p.seq < seq && silent(p))
             .min_by_key(|(_, p)| p.seq)
             .or_else(|| {
                 self.pending

@@ -157,7 +157,13 @@ fn only_admins_change(dir: &std::path::Path, command: &[OsString]) -> anyhow::Re
         // A folder carrier's folder is written by its peer by design; a
         // command's words may name its program and its files.
         let words: Vec<String> = match value.strip_prefix("cmd://") {
-            Some(cmd) => command_words(cmd)?,
+            Some(cmd) => {
+                let words = command_words(cmd)?;
+                // Its folder too: a library planted beside it is loaded.
+                let program = std::path::Path::new(&words[0]);
+                paths.extend(program.parent().map(std::path::Path::to_path_buf));
+                words
+            }
             None if value.contains("://") => continue,
             None => vec![value.to_string()],
         };
@@ -209,38 +215,32 @@ fn only_admins_change(dir: &std::path::Path, command: &[OsString]) -> anyhow::Re
     Ok(())
 }
 
-/// The words of a `cmd://` command as `cmd /C` takes them (double quotes
-/// group), its program first: that must be a whole path to a file there,
-/// and no word may hold `%` (cmd expands it at run time, to what install
-/// cannot check).
+/// The words of a `cmd://` command, its program first. What install
+/// checks must be what `cmd /C` runs, so a service's command is one plain
+/// command: no `& | < > ^ ( ) ! %` or quotes (a second command, a
+/// redirection, a variable, or quotes cmd would read otherwise), words
+/// split at spaces, the program a whole path to a file there (without
+/// spaces: its 8.3 name, or a folder without them), an option's path a
+/// word of its own (`-F C:\\x`, not `-FC:\\x`). (`@` is cmd's only at
+/// the start, where the program's drive letter is.)
 fn command_words(cmd: &str) -> anyhow::Result<Vec<String>> {
-    if cmd.contains('%') {
+    if let Some(c) = cmd.chars().find(|c| "&|<>^()!%\"".contains(*c)) {
         anyhow::bail!(
-            "cmd://{cmd}: a service's command may not use %VARIABLES% (write the paths out)"
+            "cmd://{cmd}: a service's command is one plain command, without '{c}' (write a .cmd file in an Administrators-only folder and give its path)"
         );
     }
-    let mut words = vec![];
-    let mut word = String::new();
-    let mut quoted = false;
-    for c in cmd.chars() {
-        match c {
-            '"' => quoted = !quoted,
-            c if c.is_whitespace() && !quoted => {
-                if !word.is_empty() {
-                    words.push(std::mem::take(&mut word));
-                }
-            }
-            c => word.push(c),
-        }
-    }
-    if !word.is_empty() {
-        words.push(word);
-    }
+    let words: Vec<String> = cmd.split_whitespace().map(str::to_owned).collect();
     let program = words.first().map(std::path::Path::new);
     if !program.is_some_and(|p| p.is_absolute() && p.is_file()) {
         anyhow::bail!(
-            "cmd://{cmd}: a service's command starts with its program's whole path (e.g. C:\\Windows\\System32\\OpenSSH\\ssh.exe), quoted if it has spaces"
+            "cmd://{cmd}: a service's command starts with its program's whole path (e.g. C:\\Windows\\System32\\OpenSSH\\ssh.exe)"
         );
+    }
+    if let Some(w) = words
+        .iter()
+        .find(|w| w.starts_with('-') && w.contains(['\\', '/']))
+    {
+        anyhow::bail!("cmd://{cmd}: give the path in '{w}' as a word of its own");
     }
     Ok(words)
 }
