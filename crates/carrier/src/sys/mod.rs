@@ -27,13 +27,21 @@ pub struct TcpPath {
     pub cwnd_bytes: u64,
 }
 
-/// A sending rate estimated as one congestion window per RTT, where the
-/// system reports no delivery rate (0: unknown).
-#[allow(dead_code)]
-fn window_rate(cwnd_bytes: u64, rtt: Option<Duration>) -> u64 {
-    match rtt {
-        Some(r) if !r.is_zero() => (cwnd_bytes as f64 / r.as_secs_f64()) as u64,
-        _ => 0,
+impl TcpPath {
+    /// Where a system reports no delivery rate or unsent bytes: the rate
+    /// estimated as one congestion window per RTT (0: unknown), nothing
+    /// unsent; a zero RTT or RTO is unknown.
+    #[allow(dead_code)]
+    fn by_window(rtt: Duration, rto: Duration, cwnd_bytes: u64, retransmits: u32) -> TcpPath {
+        let rtt = (!rtt.is_zero()).then_some(rtt);
+        TcpPath {
+            rtt,
+            delivery_rate: rtt.map_or(0, |r| (cwnd_bytes as f64 / r.as_secs_f64()) as u64),
+            retransmits,
+            rto: (!rto.is_zero()).then_some(rto),
+            notsent: 0,
+            cwnd_bytes,
+        }
     }
 }
 
@@ -68,6 +76,8 @@ pub use self::windows::*;
 
 #[cfg(windows)]
 mod windows_access;
+#[cfg(windows)]
+mod windows_admin;
 
 /// Files (and, on Windows, pipes) only this user and the system's
 /// administrators may open: mode 0600 on Unix, an explicit access list on
@@ -77,9 +87,10 @@ pub mod private {
     pub use super::unix::create_private as create_new;
     #[cfg(windows)]
     pub use super::windows_access::{
-        admin_folder, changeable_by_others, create_new, owner_of, pipe_server_pid, user_sid, Owner,
-        SecurityAttributes,
+        create_new, owner_of, pipe_server_pid, user_sid, Owner, SecurityAttributes,
     };
+    #[cfg(windows)]
+    pub use super::windows_admin::{admin_folder, changeable_by_others};
 }
 
 #[cfg(target_os = "linux")]

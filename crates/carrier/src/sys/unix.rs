@@ -65,15 +65,12 @@ pub fn tcp_path(sock: &socket2::Socket) -> Option<TcpPath> {
         // length given; the kernel writes at most that.
         let info: libc::tcp_info =
             unsafe { sockopt_struct(sock, libc::IPPROTO_TCP, libc::TCP_INFO)? };
-        let rtt = (info.tcpi_rtt != 0).then(|| Duration::from_micros(info.tcpi_rtt as u64));
-        Some(TcpPath {
-            rtt,
-            delivery_rate: super::window_rate(info.tcpi_snd_cwnd as u64, rtt),
-            retransmits: info.tcpi_snd_rexmitpack,
-            rto: (info.tcpi_rto != 0).then(|| Duration::from_micros(info.tcpi_rto as u64)),
-            notsent: 0,
-            cwnd_bytes: info.tcpi_snd_cwnd as u64,
-        })
+        Some(TcpPath::by_window(
+            Duration::from_micros(info.tcpi_rtt as u64),
+            Duration::from_micros(info.tcpi_rto as u64),
+            info.tcpi_snd_cwnd as u64,
+            info.tcpi_snd_rexmitpack,
+        ))
     }
     // macOS: TCP_CONNECTION_INFO (smoothed RTT and RTO in ms, the window
     // in bytes); no delivery rate (one window per RTT instead), unsent
@@ -83,18 +80,15 @@ pub fn tcp_path(sock: &socket2::Socket) -> Option<TcpPath> {
         // SAFETY: as above.
         let info: libc::tcp_connection_info =
             unsafe { sockopt_struct(sock, libc::IPPROTO_TCP, libc::TCP_CONNECTION_INFO)? };
-        let rtt = (info.tcpi_srtt != 0).then(|| Duration::from_millis(info.tcpi_srtt as u64));
-        Some(TcpPath {
-            rtt,
-            delivery_rate: super::window_rate(info.tcpi_snd_cwnd as u64, rtt),
-            // libc's struct declares XNU's TFO bitfield as fifteen
-            // integers: the counters after it are not where the kernel
-            // writes them. Not known.
-            retransmits: 0,
-            rto: (info.tcpi_rto != 0).then(|| Duration::from_millis(info.tcpi_rto as u64)),
-            notsent: 0,
-            cwnd_bytes: info.tcpi_snd_cwnd as u64,
-        })
+        // libc's struct declares XNU's TFO bitfield as fifteen integers:
+        // the counters after it are not where the kernel writes them, so
+        // retransmissions are not known.
+        Some(TcpPath::by_window(
+            Duration::from_millis(info.tcpi_srtt as u64),
+            Duration::from_millis(info.tcpi_rto as u64),
+            info.tcpi_snd_cwnd as u64,
+            0,
+        ))
     }
     #[cfg(not(any(target_os = "linux", target_os = "freebsd", target_vendor = "apple")))]
     {

@@ -70,15 +70,12 @@ pub fn tcp_path(sock: &socket2::Socket) -> Option<TcpPath> {
     if rc != 0 || returned < 36 {
         return None;
     }
-    let rtt = (info.rtt_us != 0).then(|| Duration::from_micros(info.rtt_us.into()));
-    Some(TcpPath {
-        rtt,
-        delivery_rate: super::window_rate(info.cwnd.into(), rtt),
-        retransmits: info.bytes_retrans / info.mss.max(1),
-        rto: None,
-        notsent: 0,
-        cwnd_bytes: info.cwnd.into(),
-    })
+    Some(TcpPath::by_window(
+        Duration::from_micros(info.rtt_us.into()),
+        Duration::ZERO,
+        info.cwnd.into(),
+        info.bytes_retrans / info.mss.max(1),
+    ))
 }
 
 pub fn set_notsent_lowat(_: &socket2::Socket, _: u32) -> io::Result<()> {
