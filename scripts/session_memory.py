@@ -5,7 +5,7 @@ waits. The server's RSS is read before the clients start and once every
 stream is open; the difference over N is the cost of a session with one
 idle stream (its carrier, its stream and the target's socket).
 
-    scripts/session_memory.py [N (200)] [--tls]
+    scripts/session_memory.py [N (200)] [--tls]   (IDLE=secs: then the server's idle CPU)
 
 Loopback only; every process started here is killed by PID at the end.
 """
@@ -29,7 +29,7 @@ try:
     sport = free_port()
     tmp = tempfile.mkdtemp(prefix="lh-sessmem-")
     scheme = "tls" if tls else "tcp"
-    sargs = [LH, "-q", "server", "--listen", f"{scheme}://127.0.0.1:{sport}",
+    sargs = [LH, "-q", *os.environ.get("SERVER_OPTS", "").split(), "server", "--listen", f"{scheme}://127.0.0.1:{sport}",
              "--allow", f"127.0.0.1:{tport}", "--control", "none", "--insecure"]
     cargs = ["--insecure"]
     if tls:
@@ -70,6 +70,17 @@ try:
     fds = len(os.listdir(f"/proc/{server.pid}/fd"))
     print(f"{n} sessions ({scheme}://), one idle stream each: server RSS {base} KiB -> "
           f"{peak} KiB, {(peak - base) / n:.1f} KiB per session, {fds} descriptors")
+
+    def cpu_s(pid):
+        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+    idle = float(os.environ.get("IDLE", "30"))
+    c0 = cpu_s(server.pid)
+    time.sleep(idle)
+    us = (cpu_s(server.pid) - c0) / idle / n * 1e6
+    print(f"idle for {idle:.0f} s (each client its own process, keepalives at their own "
+          f"times): server CPU {us:.2f} us/s per session")
 finally:
     for p in procs:
         p.kill()

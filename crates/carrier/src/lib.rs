@@ -15,6 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 mod accept;
+pub mod cushion;
 pub mod dial;
 mod fill;
 pub mod folder;

@@ -14,6 +14,7 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::cushion::Cushion;
 use crate::keys::{Fingerprint, Identity};
 
 pub use tokio_rustls::client::TlsStream as ClientTls;
@@ -275,11 +276,6 @@ pub fn client_config(
     Ok(Arc::new(cfg))
 }
 
-/// Ciphertext read below TLS in big chunks: rustls asks the transport for
-/// at most one record (often 4 KiB) per read, which on a fast path means a
-/// syscall every few KiB; a buffer underneath turns most of those into
-/// memory copies.
-pub const TLS_READ_BUFFER: usize = 256 * 1024;
 /// Encrypted bytes rustls may hold before it writes them out: one full
 /// record. Kept small on purpose: bytes queued here are past the
 /// scheduler, so an interactive frame waits behind all of them (1 MiB here
@@ -287,7 +283,9 @@ pub const TLS_READ_BUFFER: usize = 256 * 1024;
 /// default, still 10 ms at p99 beside 10 bulk streams; docs/BENCHMARKS.md).
 pub const TLS_SEND_BUFFER: usize = 64 * 1024;
 
-pub type Buffered<S> = tokio::io::BufReader<S>;
+/// Ciphertext is read under TLS through a buffer that exists only while
+/// data streams in ([`Cushion`]).
+pub type Buffered<S> = Cushion<S>;
 
 /// The label of the TLS exporter value that binds a session's attach
 /// proofs to one carrier (RFC 5705 / RFC 8446 §7.5).
@@ -328,7 +326,7 @@ where
     let name = instance
         .and_then(|n| ServerName::try_from(n.to_owned()).ok())
         .unwrap_or_else(|| ServerName::try_from(DEFAULT_NAME).expect("static name is valid"));
-    let io = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, io);
+    let io = Cushion::new(io);
     let mut tls = tokio_rustls::TlsConnector::from(cfg)
         .connect(name, io)
         .await?;
@@ -345,7 +343,7 @@ pub async fn accept<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let io = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, io);
+    let io = Cushion::new(io);
     let mut tls = tokio_rustls::TlsAcceptor::from(cfg).accept(io).await?;
     tls.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER));
     if tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {

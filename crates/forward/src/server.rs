@@ -335,14 +335,21 @@ impl Serving {
         };
         match admitted {
             Ok((Admitted::New { handle, slot, who }, under)) => {
-                let _slot = slot;
-                let listed = Listed {
-                    live: Some(&self.live),
-                    policy: &self.policy,
-                    under,
-                };
-                let line = run_admitted(handle, &who, &from, &self.config, listed);
-                tracing::info!(%from, "{}", line.await);
+                // The session is listed, tracked and holds its slot until it
+                // ends, in a task of its own: this one's future (every
+                // state of the handshake, ≈ 60 KiB) is let go now. (Awaited
+                // apart from the log line: inside `info!` it ran only when
+                // info lines were on, so with -q no slot was held.)
+                tokio::spawn(async move {
+                    let _slot = slot;
+                    let listed = Listed {
+                        live: Some(&self.live),
+                        policy: &self.policy,
+                        under,
+                    };
+                    let line = run_admitted(handle, &who, &from, &self.config, listed).await;
+                    tracing::info!(%from, "{line}");
+                });
             }
             Ok((Admitted::Attached(what), _)) => tracing::info!(%from, "{what}"),
             Err(e) if e == UNHEARD => tracing::debug!(%from, "{e} (a check?)"),

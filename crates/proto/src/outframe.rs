@@ -94,6 +94,11 @@ impl OutFrame {
         }
     }
 
+    /// A stream's DATA or a flow's datagram (not control or link frames).
+    pub fn carries_data(&self) -> bool {
+        matches!(self.head[0], T_DATA | T_DATAGRAM)
+    }
+
     /// A link-layer frame (ACK, GOODBYE): not sequenced, never replayed.
     pub fn is_link(&self) -> bool {
         self.head_left == 0 && matches!(self.body.first(), Some(&T_ACK | &T_GOODBYE))

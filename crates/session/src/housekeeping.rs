@@ -11,10 +11,12 @@ use crate::runtime::Shared;
 /// How often the path is sampled (RTT for window growth, the kernel's send
 /// queue resized to the delivery rate).
 const PROBE_EVERY: Duration = Duration::from_millis(500);
-/// How often while nothing moves: an idle session's path needs no samples,
-/// and thousands of idle sessions must not cost a core (each sample is a
-/// TCP_INFO read per carrier, each tick a wake-up).
-const IDLE_PROBE_EVERY: Duration = Duration::from_secs(5);
+/// Waits this long or longer (keepalive, dead-peer and idle deadlines) end
+/// on a process-wide grid of [`GRID`], so that a server's thousands of idle
+/// sessions wake together a few times a second rather than each on its own
+/// (a wake-up of a sleeping thread costs more than the work it does).
+const COALESCE_FROM: Duration = Duration::from_secs(1);
+const GRID: Duration = Duration::from_millis(250);
 /// How often a striped session looks for a stalled lane and owes an ACK.
 const STRIPE_TICK: Duration = Duration::from_millis(50);
 /// How often the lanes' counters are logged (`-v`).
@@ -38,9 +40,11 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
         // (A striped session's lanes are sampled on every probe: its timer
         // ticks for them anyway.)
         if now >= next_probe && moved_at_sample == Some(moved) && !shared.striped {
-            // Idle since the last sample: nothing to learn until the writer
-            // says it writes again.
-            next_probe = now + IDLE_PROBE_EVERY.as_nanos() as u64;
+            // Idle since the last sample: nothing to learn until data moves
+            // again (`Shared::moves_again` wakes this). An idle session's
+            // path needs no samples, and thousands of idle sessions must
+            // not cost a core.
+            next_probe = u64::MAX;
             shared
                 .quiet
                 .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -118,14 +122,15 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
         }
         // A detach (the server's resume timeout starts) and a resume (the
         // new carrier is pinged at once) wake this through `timer_woken`,
-        // as a quiet session's first write does; any other deadline that
-        // appears while this sleeps is seen at the next probe (within
-        // PROBE_EVERY, or IDLE_PROBE_EVERY while quiet).
+        // as data moving again does; any other deadline that appears while
+        // this sleeps is seen at the next probe (within PROBE_EVERY) or,
+        // while quiet, at the connection's next deadline (a keepalive or
+        // dead-peer check: seconds).
         let wait = Duration::from_nanos(wake.saturating_sub(shared.now_ns()));
         // Timers never fire early; a millisecond more keeps a deadline that
         // falls just after `now` from spinning.
         tokio::select! {
-            _ = tokio::time::sleep(wait.max(Duration::from_millis(1))) => {}
+            _ = tokio::time::sleep_until(wake_at(wait.max(Duration::from_millis(1)))) => {}
             _ = shared.timer_woken.notified() => {
                 // Quiet no longer: sample at once, then as usual.
                 next_probe = 0;
@@ -144,5 +149,42 @@ impl Drop for CloseIfStopped {
         if !self.0.is_dead() {
             self.0.close("the session's timer stopped".into());
         }
+    }
+}
+
+/// When a wait of `wait` from now ends: at once for a short one, on the
+/// next point of the process-wide [`GRID`] for a long one.
+fn wake_at(wait: Duration) -> tokio::time::Instant {
+    static EPOCH: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+    let now = tokio::time::Instant::now();
+    let exact = now + wait.min(Duration::from_secs(1 << 30));
+    if wait < COALESCE_FROM {
+        return exact;
+    }
+    let epoch = *EPOCH.get_or_init(|| now);
+    let grid = GRID.as_nanos();
+    let since = exact.duration_since(epoch).as_nanos();
+    let rounded = since.div_ceil(grid) * grid;
+    epoch + Duration::from_nanos(rounded.min(u64::MAX as u128) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_waits_end_on_a_shared_grid_short_ones_exactly() {
+        let a = wake_at(Duration::from_millis(1300));
+        let b = wake_at(Duration::from_millis(1310));
+        let now = tokio::time::Instant::now();
+        assert!(a >= now + Duration::from_millis(1290));
+        assert!(a <= now + Duration::from_millis(1300) + GRID);
+        // Two sessions whose deadlines fall within the same slot wake together
+        // (unless the slot boundary fell between the two calls: rare).
+        assert!(b.duration_since(a) == Duration::ZERO || b.duration_since(a) == GRID);
+        let short = wake_at(Duration::from_millis(20));
+        assert!(short <= tokio::time::Instant::now() + Duration::from_millis(20));
+        // Never earlier than asked, however far.
+        assert!(wake_at(Duration::MAX) > now);
     }
 }

@@ -22,37 +22,73 @@ use tokio::io::AsyncReadExt;
 use crate::requests::start_work;
 use crate::runtime::Shared;
 
-/// Carrier read buffer size.
+/// Carrier read buffer size while data streams in.
 pub(crate) const READ_CHUNK: usize = 512 * 1024;
-/// A fresh read buffer holding `carry` (an unfinished frame), and its sentinel.
-fn fresh_buffer(carry: &[u8]) -> (BytesMut, Bytes) {
-    let mut b = BytesMut::with_capacity(READ_CHUNK + carry.len());
+/// Read buffer size while the carrier idles or trickles: what an idle
+/// session keeps (at most, and only the pages its reads touched).
+const QUIET_CHUNK: usize = 8 * 1024;
+/// This many small reads in a row (each under half of [`QUIET_CHUNK`])
+/// and the big buffer is let go.
+const QUIET_AFTER: u32 = 8;
+
+/// A fresh read buffer of `size` bytes more than `carry` (an unfinished
+/// frame), holding `carry`, and its sentinel.
+fn fresh_buffer(carry: &[u8], size: usize) -> (BytesMut, Bytes) {
+    let mut b = BytesMut::with_capacity(size + carry.len());
     let sentinel = b.split_to(0).freeze();
     b.extend_from_slice(carry);
     (b, sentinel)
 }
 
 pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, id: CarrierId) {
-    let (mut buf, mut sentinel) = fresh_buffer(&[]);
+    let (mut buf, mut sentinel) = fresh_buffer(&[], QUIET_CHUNK);
+    let mut size = QUIET_CHUNK;
+    // Reads come in big (one filled the buffer's room); small reads in a row.
+    let mut streaming = false;
+    let mut small_reads = 0u32;
     let mut pins = Pins::default();
     loop {
         match decode_batch(&shared, &mut buf, pins.may_slice(), id) {
             Batch::More => {}
             Batch::End => return,
         }
-        if buf.capacity() - buf.len() < frame::MAX_FRAME_LEN {
+        let want = if streaming { READ_CHUNK } else { QUIET_CHUNK };
+        let room = buf.capacity() - buf.len();
+        let low = room
+            < if streaming {
+                frame::MAX_FRAME_LEN
+            } else {
+                QUIET_CHUNK / 4
+            };
+        if low || size != want {
             // Start a fresh buffer holding only the unfinished frame at the
             // tail (< 64 KiB); growing the old one would copy the frames
-            // already handed out of it as well.
-            let (b, s) = fresh_buffer(&buf);
+            // already handed out of it as well. A quiet carrier's buffer is
+            // small: an idle session holds no big one.
+            let (b, s) = fresh_buffer(&buf, want);
             buf = b;
+            size = want;
             pins.retire(std::mem::replace(&mut sentinel, s));
         }
+        let room = buf.capacity() - buf.len();
         match r.read_buf(&mut buf).await {
             Ok(0) => {
                 return shared.carrier_failed(id, "carrier closed by peer".into());
             }
-            Ok(_) => {}
+            Ok(n) if n >= room => {
+                (streaming, small_reads) = (true, 0);
+                shared.moves_again();
+            }
+            Ok(n) if n < QUIET_CHUNK / 2 => {
+                small_reads += 1;
+                if small_reads >= QUIET_AFTER {
+                    streaming = false;
+                }
+            }
+            Ok(_) => {
+                small_reads = 0;
+                shared.moves_again();
+            }
             Err(e) => {
                 return shared.carrier_failed(id, format!("carrier read failed: {e}"));
             }
@@ -91,7 +127,7 @@ mod tests {
         let mut pins = Pins::default();
         let mut held = vec![];
         for _ in 0..MAX_PINNED_CHUNKS {
-            let (mut b, s) = fresh_buffer(b"abc");
+            let (mut b, s) = fresh_buffer(b"abc", READ_CHUNK);
             held.push(b.split_to(1).freeze());
             drop(b);
             pins.retire(s);
@@ -99,7 +135,7 @@ mod tests {
         assert!(!pins.may_slice());
         held.pop();
         assert!(pins.may_slice());
-        let (b, s) = fresh_buffer(&[]);
+        let (b, s) = fresh_buffer(&[], READ_CHUNK);
         drop(b);
         pins.retire(s);
         assert_eq!(pins.len(), MAX_PINNED_CHUNKS - 1);

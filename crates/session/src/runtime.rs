@@ -164,9 +164,9 @@ pub(crate) struct Shared {
     /// Client side: the server's instance name (see `SessionHandle::instance`).
     pub instance: std::sync::OnceLock<String>,
     pub wake_writer: Notify,
-    /// Set by the timer when the session went quiet (it then samples the
-    /// path rarely); the writer clears it and wakes the timer
-    /// (`timer_woken`) as soon as it writes again.
+    /// Set by the timer when the session went quiet (it then stops
+    /// sampling the path); cleared, and the timer woken (`timer_woken`),
+    /// as soon as data moves again ([`Shared::moves_again`]).
     pub quiet: std::sync::atomic::AtomicBool,
     pub timer_woken: Notify,
     pub closed_tx: watch::Sender<Option<String>>,
@@ -246,6 +246,17 @@ impl Shared {
     /// The session is over.
     pub fn is_dead(&self) -> bool {
         self.lock().conn.mux().dead().is_some()
+    }
+
+    /// Data moves (the writer sends DATA, or the reader took a read bigger
+    /// than a keepalive): a quiet session's path is worth sampling again.
+    /// PINGs and their answers do not count: they keep a session alive,
+    /// not busy.
+    pub fn moves_again(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.quiet.load(Relaxed) && self.quiet.swap(false, Relaxed) {
+            self.timer_woken.notify_one();
+        }
     }
 
     pub fn now_ns(&self) -> u64 {

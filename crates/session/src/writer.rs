@@ -25,6 +25,8 @@ const WRITE_BATCH_BYTES: usize = 1024 * 1024;
 const BACKLOG_BATCH_BYTES: usize = 64 * 1024;
 /// Largest number of buffers in one vectored write (well under IOV_MAX).
 const MAX_IOV: usize = 64;
+/// Frames an idle writer's queue keeps room for.
+const IDLE_BATCH: usize = 8;
 
 /// How a writer's run ended.
 enum End {
@@ -44,7 +46,7 @@ pub(crate) async fn carrier_writer(
     resend: Vec<OutFrame>,
 ) {
     let urgent = Urgency { send: urgent, flag };
-    let mut batch: VecDeque<OutFrame> = VecDeque::with_capacity(MAX_IOV);
+    let mut batch: VecDeque<OutFrame> = VecDeque::new();
     let end = tokio::select! {
         biased;
         _ = stop.notified() => None,
@@ -184,13 +186,15 @@ async fn write_loop(
                     }
                 }
             }
+            // Nothing to send: an idle session keeps a small queue (a bulk
+            // transfer grew it to MAX_IOV / 2 frames).
+            batch.shrink_to(IDLE_BATCH);
             shared.wake_writer.notified().await;
             continue;
         }
         dirty = true;
-        if shared.quiet.load(Ordering::Relaxed) && shared.quiet.swap(false, Ordering::Relaxed) {
-            // The session moves again: its path is worth sampling now.
-            shared.timer_woken.notify_one();
+        if batch.iter().any(OutFrame::carries_data) {
+            shared.moves_again();
         }
         let wrote = write_batch(shared, w, urgent, batch).await;
         if let Some(f) = &urgent.flag {

@@ -15,6 +15,7 @@ mod fleet;
 mod folder_hostile;
 mod handshake_flood;
 mod hostile_logs;
+mod idle_sessions;
 mod idle_streams;
 mod lifecycle;
 mod local_user;

@@ -1,0 +1,162 @@
+//! A read buffer under TLS that exists only while data streams in.
+//!
+//! rustls asks the transport for about one record per read, which on a
+//! fast path is a syscall every few KiB; a big buffer underneath turns
+//! most of those reads into memory copies. But a buffer held by every
+//! carrier is resident memory for every idle session (tokio's `BufReader`
+//! zeroes its 256 KiB up front, so a reused allocation is all touched).
+//! So: reads go straight to the caller until one fills what the caller
+//! asked for (more is waiting: data is streaming), then through a buffer
+//! of [`CUSHION`] bytes until a refill brings less than [`SMALL_READ`]
+//! (the stream has slowed), when the buffer is let go.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// The buffer's size while data streams in.
+pub const CUSHION: usize = 256 * 1024;
+/// A refill smaller than this means the data no longer streams.
+const SMALL_READ: usize = 16 * 1024;
+
+/// Reads `S` through a buffer kept only while reads come in big.
+pub struct Cushion<S> {
+    inner: S,
+    /// Empty (no allocation) while reads are small.
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+}
+
+impl<S> Cushion<S> {
+    pub fn new(inner: S) -> Self {
+        Cushion {
+            inner,
+            buf: Vec::new(),
+            pos: 0,
+            end: 0,
+        }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Whether a buffer is held now (for tests).
+    pub fn is_buffering(&self) -> bool {
+        !self.buf.is_empty()
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Cushion<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        if me.pos == me.end {
+            if me.buf.is_empty() {
+                // No buffer: straight into the caller's.
+                let before = out.filled().len();
+                let asked = out.remaining();
+                ready!(Pin::new(&mut me.inner).poll_read(cx, out))?;
+                if asked > 0 && out.filled().len() - before == asked {
+                    // Filled: more is waiting; buffer from the next read on.
+                    me.buf = vec![0; CUSHION];
+                }
+                return Poll::Ready(Ok(()));
+            }
+            let mut rb = ReadBuf::new(&mut me.buf);
+            ready!(Pin::new(&mut me.inner).poll_read(cx, &mut rb))?;
+            let got = rb.filled().len();
+            (me.pos, me.end) = (0, got);
+            if got < SMALL_READ {
+                // Slowed down (or closed): hand this over, then no buffer.
+                let n = got.min(out.remaining());
+                out.put_slice(&me.buf[..n]);
+                me.pos = n;
+                if me.pos == me.end {
+                    me.let_go();
+                }
+                return Poll::Ready(Ok(()));
+            }
+        }
+        let n = (me.end - me.pos).min(out.remaining());
+        out.put_slice(&me.buf[me.pos..me.pos + n]);
+        me.pos += n;
+        if me.pos == me.end && me.end < SMALL_READ {
+            me.let_go();
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S> Cushion<S> {
+    fn let_go(&mut self) {
+        self.buf = Vec::new();
+        (self.pos, self.end) = (0, 0);
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Cushion<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, b)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn buffers_only_while_reads_come_in_big_and_loses_nothing() {
+        let (a, mut b) = tokio::io::duplex(1 << 20);
+        let mut c = Cushion::new(a);
+        // Small: no buffer.
+        b.write_all(b"hello").await.unwrap();
+        let mut small = [0u8; 4096];
+        let n = c.read(&mut small).await.unwrap();
+        assert_eq!(&small[..n], b"hello");
+        assert!(!c.is_buffering());
+        // A burst that fills the caller's reads: buffered, bytes intact.
+        let data: Vec<u8> = (0..600_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        b.write_all(&data).await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < data.len() {
+            let n = c.read(&mut small).await.unwrap();
+            got.extend_from_slice(&small[..n]);
+        }
+        assert_eq!(got, data);
+        // Slow again: the buffer is let go once a small refill is drained.
+        b.write_all(b"x").await.unwrap();
+        let n = c.read(&mut small).await.unwrap();
+        assert_eq!(&small[..n], b"x");
+        assert!(!c.is_buffering());
+        drop(b);
+        assert_eq!(c.read(&mut small).await.unwrap(), 0);
+    }
+}

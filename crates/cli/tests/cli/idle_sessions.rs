@@ -1,0 +1,203 @@
+//! Idle sessions must be cheap at a server holding thousands: many TLS
+//! sessions (`longhaul bench sessions`, each its own carrier, handshake and
+//! one stream held open to a target), then the server's resident memory is
+//! read from /proc and bounded per session, and its CPU while they idle
+//! (keepalives) is bounded per session. Release-built figures, against
+//! wstunnel: scripts/session_cost.py (docs/BENCHMARKS.md).
+
+use crate::common;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+
+/// Server growth allowed per idle TLS session with one stream: its carrier
+/// (TLS state, no read buffer while idle: the carrier's buffers exist only
+/// while data moves), the session's driver and tables, the stream, the
+/// target's socket. Measured here (this test's debug build) 30–34 KiB;
+/// release builds 29–33 KiB (issue 38's goal: ≤ 32 KiB). Before issue 38 a
+/// session kept a 256 KiB TLS read buffer and a 512 KiB carrier buffer
+/// whose touched pages stayed resident: 42 KiB fresh, hundreds once a
+/// session had moved data or reused memory.
+const PER_SESSION_KIB: u64 = 40;
+/// Server CPU allowed per idle session (µs per second): its client's
+/// keepalive PING answered every 5 s, timers on a shared grid. Measured
+/// 3–5 µs/s here with every session's PINGs from one process.
+const IDLE_US_PER_SESSION: u64 = 25;
+
+#[test]
+fn idle_sessions_cost_a_few_tens_of_kib_each() {
+    // Three descriptors per session at the server, two in the bench client,
+    // one in this process (the target).
+    let sessions = ((open_files_limit().saturating_sub(256)) / 3).min(400);
+    assert!(sessions >= 300, "open-file limit too low for this test");
+
+    let target = TcpListener::bind("127.0.0.1:0").unwrap();
+    let tport = target.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        let mut held = vec![];
+        while let Ok((s, _)) = target.accept() {
+            count.fetch_add(1, Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    let dir = tmpdir("idle-sessions");
+    let sfp = keygen(&dir.join("s.key"));
+    let cfp = keygen(&dir.join("c.key"));
+    std::fs::write(dir.join("ak"), format!("{cfp}\n")).unwrap();
+    let sport = free_port();
+    let server = spawn_logged(
+        &[
+            "server",
+            "--listen",
+            &format!("tls://127.0.0.1:{sport}"),
+            "--key",
+            dir.join("s.key").to_str().unwrap(),
+            "--authorized-keys",
+            dir.join("ak").to_str().unwrap(),
+            "--allow",
+            &format!("127.0.0.1:{tport}"),
+            "--control",
+            "none",
+            "--max-sessions",
+            &(sessions + 64).to_string(),
+        ],
+        &dir.join("server.log"),
+    );
+    wait_port(sport);
+    let bench = |n: u64, hold: u64| {
+        let mut c = Command::new(BIN)
+            .args([
+                "-q",
+                "bench",
+                "sessions",
+                &format!("tls://127.0.0.1:{sport}"),
+            ])
+            .args([
+                "-n",
+                &n.to_string(),
+                "-c",
+                "16",
+                "--to",
+                &format!("127.0.0.1:{tport}"),
+            ])
+            .args(["--hold", &hold.to_string(), "--json", "--pin", &sfp])
+            .arg("--key")
+            .arg(dir.join("c.key"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // The report comes once every session is up; the sessions then stay
+        // for `hold` seconds.
+        let mut report = String::new();
+        for line in BufReader::new(c.stdout.take().unwrap()).lines() {
+            let line = line.unwrap();
+            report.push_str(&line);
+            if line.starts_with('}') {
+                break;
+            }
+        }
+        assert!(
+            report.contains("\"failed\": 0"),
+            "sessions failed: {report}"
+        );
+        Kill(c)
+    };
+    // Warm up: the server's fixed costs (its first threads' heaps) in the
+    // baseline.
+    let warm = bench(20, 60);
+    wait_until(30, "warm-up streams", || {
+        accepted.load(Ordering::SeqCst) >= 20
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let base = status_kib(server.pid(), "VmRSS:");
+    let _held = bench(sessions, 120);
+    wait_until(60, "every stream reaches the target", || {
+        accepted.load(Ordering::SeqCst) as u64 >= sessions + 20
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let rss = status_kib(server.pid(), "VmRSS:");
+    let per = rss.saturating_sub(base) / sessions;
+    // Idle: every session's keepalive comes and is answered.
+    let cpu0 = cpu_time(server.pid());
+    std::thread::sleep(Duration::from_secs(12));
+    let idle_us = (cpu_time(server.pid()) - cpu0).as_micros() as u64 / 12 / sessions;
+    eprintln!(
+        "{sessions} idle TLS sessions with one stream each: server {base} -> {rss} KiB, \
+         {per} KiB per session; idle CPU {idle_us} µs/s per session"
+    );
+    assert!(
+        per <= PER_SESSION_KIB,
+        "an idle session costs the server {per} KiB"
+    );
+    assert!(
+        idle_us <= IDLE_US_PER_SESSION,
+        "an idle session costs the server {idle_us} µs of CPU per second"
+    );
+    drop(warm);
+}
+
+/// A server started with -q (warnings only) holds --max-sessions, lists
+/// its sessions and waits for their end like any other: that work once
+/// ran inside an info line's arguments, skipped when info lines were off.
+#[test]
+fn a_quiet_server_holds_max_sessions() {
+    let target = TcpListener::bind("127.0.0.1:0").unwrap();
+    let tport = target.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = vec![];
+        while let Ok((s, _)) = target.accept() {
+            held.push(s);
+        }
+    });
+    let dir = tmpdir("quiet-max-sessions");
+    let sfp = keygen(&dir.join("s.key"));
+    let cfp = keygen(&dir.join("c.key"));
+    std::fs::write(dir.join("ak"), format!("{cfp}\n")).unwrap();
+    let sport = free_port();
+    let _server = spawn(&[
+        "-q",
+        "server",
+        "--listen",
+        &format!("tls://127.0.0.1:{sport}"),
+        "--key",
+        dir.join("s.key").to_str().unwrap(),
+        "--authorized-keys",
+        dir.join("ak").to_str().unwrap(),
+        "--allow",
+        &format!("127.0.0.1:{tport}"),
+        "--control",
+        "none",
+        "--max-sessions",
+        "3",
+    ]);
+    wait_port(sport);
+    let out = Command::new(BIN)
+        .args([
+            "-q",
+            "bench",
+            "sessions",
+            &format!("tls://127.0.0.1:{sport}"),
+        ])
+        .args(["-n", "6", "-c", "1", "--to", &format!("127.0.0.1:{tport}")])
+        .args(["--hold", "1", "--json", "--pin", &sfp])
+        .arg("--key")
+        .arg(dir.join("c.key"))
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains("\"sessions\": 3") && report.contains("\"failed\": 3"),
+        "{report}"
+    );
+    assert!(report.contains("--max-sessions is reached"), "{report}");
+}
