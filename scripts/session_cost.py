@@ -49,8 +49,8 @@ def idle_streams(lh, n):
     out = subprocess.run([sys.executable, f"{HERE}/stream_memory.py", "--bin", lh,
                           "--idle", str(n), "--busy", "0"],
                          capture_output=True, text=True, timeout=900).stdout
-    m = re.search(r"together ([\d.]+) MiB", out)
-    return float(m.group(1)) if m else float("nan")
+    m = re.search(r"together ([\d.]+) MiB \(PSS ([\d.]+) MiB\)", out)
+    return (float(m.group(1)), float(m.group(2))) if m else (float("nan"), float("nan"))
 
 
 def main():
@@ -73,26 +73,29 @@ def main():
     target = many_sessions.Hold()
     for rnd in range(a.rounds):
         print(f"-- round {rnd + 1}", flush=True)
-        r = many_sessions.wstunnel(a.wstunnel, a.sessions, a.idle, target, work)
+        r = many_sessions.wstunnel(a.wstunnel, a.sessions, a.idle, target,
+                                  tempfile.mkdtemp(dir=work))
         target.reset()
         add("wstunnel", "kib_session", r["kib_per_tunnel"])
         add("wstunnel", "idle_us", r["idle_cpu_ms_per_s"] * 1000 / max(1, r["tunnels"]))
         print(f"wstunnel: {r['kib_per_tunnel']:.1f} KiB/session, "
               f"idle {rows['wstunnel']['idle_us'][-1]:.2f} us/s per session", flush=True)
         for name, lh in builds:
-            r = many_sessions.longhaul(lh, a.sessions, a.idle, target, work, "15s")
+            r = many_sessions.longhaul(lh, a.sessions, a.idle, target,
+                                      tempfile.mkdtemp(dir=work), "15s")
             target.reset()
             add(name, "kib_session", r["kib_per_tunnel"])
             add(name, "idle_us", r["idle_cpu_ms_per_s"] * 1000 / max(1, r["tunnels"]))
             kib, us = spread_idle(lh, a.spread, a.idle)
             add(name, "kib_spread", kib)
             add(name, "idle_us_spread", us)
-            mib = idle_streams(lh, a.streams)
+            mib, pss = idle_streams(lh, a.streams)
             add(name, "streams_mib", mib)
+            add(name, "streams_pss", pss)
             print(f"{name}: {r['kib_per_tunnel']:.1f} KiB/session, idle "
                   f"{rows[name]['idle_us'][-1]:.2f} us/s per session (one client process), "
                   f"{us:.2f} us/s ({a.spread} client processes, {kib:.1f} KiB/session); "
-                  f"{a.streams} idle streams {mib:.1f} MiB", flush=True)
+                  f"{a.streams} idle streams {mib:.1f} MiB (PSS {pss:.1f})", flush=True)
     print("-- loopback: throughput, CPU per GB, rr (scripts/loopback_vs_wstunnel.sh)", flush=True)
     lb = subprocess.run(["bash", f"{HERE}/loopback_vs_wstunnel.sh", *a.builds],
                         capture_output=True, text=True,
@@ -120,7 +123,9 @@ def main():
         ("idle CPU µs/s per session (server; one client process)", "idle_us", "{:.2f}"),
         (f"idle CPU µs/s per session (server; {a.spread} client processes)", "idle_us_spread",
          "{:.2f}"),
-        (f"{a.streams} idle streams, both processes, MiB", "streams_mib", "{:.1f}"),
+        (f"{a.streams} idle streams, both processes, MiB (RSS)", "streams_mib", "{:.1f}"),
+        (f"{a.streams} idle streams, both processes, MiB (PSS: shared code once)", "streams_pss",
+         "{:.1f}"),
         ("CPU s per GB, both relays, 1 stream", "cpu_gb", "{:.3f}"),
         ("1 stream Gbit/s", "gbit", "{:.2f}"),
         ("1 B rr p50 µs", "rr_us", "{:.1f}"),

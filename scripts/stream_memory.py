@@ -25,6 +25,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from loopback import free_port, rss_kib, wait_port  # noqa: E402
 
 
+def pss_kib(pid):
+    for line in open(f"/proc/{pid}/smaps_rollup"):
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return 0
+
+
 TARGET = r"""
 import selectors, socket, sys
 l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -80,8 +87,11 @@ def main():
         idle = (rss_kib(client.pid), rss_kib(server.pid))
         total = idle[0] + idle[1]
         per = ((idle[0] - base[0]) + (idle[1] - base[1])) * 1024 / a.idle
+        # PSS counts the pages both processes share (the program's code,
+        # libc) once, as the machine holds them.
+        pss = sum(pss_kib(p.pid) for p in (client, server))
         print(f"{a.idle} idle streams (opened in {time.time() - t:.1f} s): client {idle[0]} KiB, "
-              f"server {idle[1]} KiB, together {total / 1024:.1f} MiB; "
+              f"server {idle[1]} KiB, together {total / 1024:.1f} MiB (PSS {pss / 1024:.1f} MiB); "
               f"{per:.0f} bytes per stream (client + server, above baseline)")
         for s in conns:
             s.close()
@@ -91,6 +101,9 @@ def main():
         print(f"after closing them: client {after[0]} KiB, server {after[1]} KiB")
 
         stop = threading.Event()
+
+        if a.busy == 0:
+            return
 
         def pump():
             s = socket.create_connection(("127.0.0.1", lport))

@@ -7,8 +7,10 @@
 //! zeroes its 256 KiB up front, so a reused allocation is all touched).
 //! So: reads go straight to the caller until one fills what the caller
 //! asked for (more is waiting: data is streaming), then through a buffer
-//! of [`CUSHION`] bytes until a refill brings less than [`SMALL_READ`]
-//! (the stream has slowed), when the buffer is let go.
+//! of [`CUSHION`] bytes until [`SLOWED_AFTER`] refills in a row bring less
+//! than [`SMALL_READ`] each (the stream has slowed), when the buffer is let
+//! go. (The count keeps a peer that alternates bursts and trickles from
+//! making every few KiB cost a fresh buffer.)
 
 use std::io;
 use std::pin::Pin;
@@ -18,8 +20,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The buffer's size while data streams in.
 pub const CUSHION: usize = 256 * 1024;
-/// A refill smaller than this means the data no longer streams.
+/// A refill smaller than this is a small one.
 const SMALL_READ: usize = 16 * 1024;
+/// This many small refills in a row: the data no longer streams.
+const SLOWED_AFTER: u8 = 8;
 
 /// Reads `S` through a buffer kept only while reads come in big.
 pub struct Cushion<S> {
@@ -28,6 +32,8 @@ pub struct Cushion<S> {
     buf: Vec<u8>,
     pos: usize,
     end: usize,
+    /// Small refills in a row.
+    small: u8,
 }
 
 impl<S> Cushion<S> {
@@ -37,6 +43,7 @@ impl<S> Cushion<S> {
             buf: Vec::new(),
             pos: 0,
             end: 0,
+            small: 0,
         }
     }
 
@@ -73,21 +80,21 @@ impl<S: AsyncRead + Unpin> AsyncRead for Cushion<S> {
             ready!(Pin::new(&mut me.inner).poll_read(cx, &mut rb))?;
             let got = rb.filled().len();
             (me.pos, me.end) = (0, got);
-            if got < SMALL_READ {
-                // Slowed down (or closed): hand this over, then no buffer.
-                let n = got.min(out.remaining());
-                out.put_slice(&me.buf[..n]);
-                me.pos = n;
-                if me.pos == me.end {
-                    me.let_go();
-                }
+            me.small = match got < SMALL_READ {
+                true => me.small.saturating_add(1),
+                false => 0,
+            };
+            if got == 0 {
+                // The end: nothing buffered is left to hand over.
+                me.let_go();
                 return Poll::Ready(Ok(()));
             }
         }
         let n = (me.end - me.pos).min(out.remaining());
         out.put_slice(&me.buf[me.pos..me.pos + n]);
         me.pos += n;
-        if me.pos == me.end && me.end < SMALL_READ {
+        if me.pos == me.end && me.small >= SLOWED_AFTER {
+            // Slowed down: no buffer until reads come in big again.
             me.let_go();
         }
         Poll::Ready(Ok(()))
@@ -97,7 +104,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Cushion<S> {
 impl<S> Cushion<S> {
     fn let_go(&mut self) {
         self.buf = Vec::new();
-        (self.pos, self.end) = (0, 0);
+        (self.pos, self.end, self.small) = (0, 0, 0);
     }
 }
 
@@ -151,10 +158,14 @@ mod tests {
             got.extend_from_slice(&small[..n]);
         }
         assert_eq!(got, data);
-        // Slow again: the buffer is let go once a small refill is drained.
-        b.write_all(b"x").await.unwrap();
-        let n = c.read(&mut small).await.unwrap();
-        assert_eq!(&small[..n], b"x");
+        // Slow again: the buffer is let go once enough small refills in a
+        // row are drained.
+        for i in 0..SLOWED_AFTER {
+            assert!(c.is_buffering());
+            b.write_all(&[i]).await.unwrap();
+            let n = c.read(&mut small).await.unwrap();
+            assert_eq!(&small[..n], &[i]);
+        }
         assert!(!c.is_buffering());
         drop(b);
         assert_eq!(c.read(&mut small).await.unwrap(), 0);

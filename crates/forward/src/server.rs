@@ -323,7 +323,7 @@ impl Serving {
                 }
             }
         };
-        let (admitted, _gate_slot) = match gate {
+        let (admitted, gate_slot) = match gate {
             Gate::Slot(permit) => (admitted.await, permit),
             Gate::Pending(ticket) => {
                 let Some(admitted) = ticket.run(admitted).await else {
@@ -341,7 +341,9 @@ impl Serving {
                 // apart from the log line: inside `info!` it ran only when
                 // info lines were on, so with -q no slot was held.)
                 tokio::spawn(async move {
-                    let _slot = slot;
+                    // Its slot: taken at admission, or (a folder's carrier)
+                    // by the listener before the handshake.
+                    let _slots = (slot, gate_slot);
                     let listed = Listed {
                         live: Some(&self.live),
                         policy: &self.policy,

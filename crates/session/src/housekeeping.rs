@@ -31,20 +31,29 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
     let mut slowest = Duration::ZERO;
     // Bytes moved both ways at the last sample (None: never sampled).
     let mut moved_at_sample: Option<u64> = None;
+    // DATA bytes received when the session went quiet.
+    let mut received_at_quiet = 0u64;
     loop {
         let now = shared.now_ns();
-        let moved = shared.with(|m, _| {
+        let (moved, received) = shared.with(|m, _| {
             let s = m.stats();
-            s.bytes_sent + s.bytes_received
+            (s.bytes_sent + s.bytes_received, s.bytes_received)
         });
         // (A striped session's lanes are sampled on every probe: its timer
         // ticks for them anyway.)
+        if next_probe == u64::MAX && received_at_quiet != received {
+            // Quiet, but data came in since (a trickle in reads too small to
+            // wake the timer; PINGs and other control frames do not count
+            // there): sample again.
+            next_probe = 0;
+        }
         if now >= next_probe && moved_at_sample == Some(moved) && !shared.striped {
             // Idle since the last sample: nothing to learn until data moves
             // again (`Shared::moves_again` wakes this). An idle session's
             // path needs no samples, and thousands of idle sessions must
             // not cost a core.
             next_probe = u64::MAX;
+            received_at_quiet = received;
             shared
                 .quiet
                 .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -125,7 +134,8 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
         // as data moving again does; any other deadline that appears while
         // this sleeps is seen at the next probe (within PROBE_EVERY) or,
         // while quiet, at the connection's next deadline (a keepalive or
-        // dead-peer check: seconds).
+        // dead-peer check: seconds); an OPEN or BIND of ours wakes this
+        // through `deadline_added`.
         let wait = Duration::from_nanos(wake.saturating_sub(shared.now_ns()));
         // Timers never fire early; a millisecond more keeps a deadline that
         // falls just after `now` from spinning.
@@ -135,6 +145,7 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
                 // Quiet no longer: sample at once, then as usual.
                 next_probe = 0;
             }
+            _ = shared.deadline_added.notified() => {}
         }
     }
 }

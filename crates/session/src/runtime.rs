@@ -169,6 +169,10 @@ pub(crate) struct Shared {
     /// as soon as data moves again ([`Shared::moves_again`]).
     pub quiet: std::sync::atomic::AtomicBool,
     pub timer_woken: Notify,
+    /// An OPEN or BIND of ours now waits for its answer: the timer, which
+    /// may sleep until the next keepalive (or for ever, without one), looks
+    /// at the connection's deadlines again.
+    pub deadline_added: Notify,
     pub closed_tx: watch::Sender<Option<String>>,
     /// Set once the carrier writer has ended (the carrier is shut down).
     pub finished_tx: watch::Sender<bool>,
@@ -221,6 +225,7 @@ impl Shared {
             wake_writer: Notify::new(),
             quiet: std::sync::atomic::AtomicBool::new(false),
             timer_woken: Notify::new(),
+            deadline_added: Notify::new(),
             closed_tx: watch::channel(None).0,
             finished_tx: watch::channel(false).0,
             config,
@@ -507,6 +512,7 @@ impl Shared {
             .open(dest, self.now_ns())
             .map_err(refused)?;
         st.opens.insert(id, tx);
+        self.deadline_added.notify_one();
         st.streams.insert(
             id,
             StreamRt {
@@ -546,6 +552,7 @@ impl Shared {
             .bind(bind, dest, self.now_ns())
             .map_err(refused)?;
         st.binds.insert(request, tx);
+        self.deadline_added.notify_one();
         self.dispatch(&mut st);
         Ok(rx)
     }

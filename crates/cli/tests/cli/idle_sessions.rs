@@ -149,6 +149,8 @@ fn idle_sessions_cost_a_few_tens_of_kib_each() {
 /// A server started with -q (warnings only) holds --max-sessions, lists
 /// its sessions and waits for their end like any other: that work once
 /// ran inside an info line's arguments, skipped when info lines were off.
+/// Over TLS (the slot taken at admission) and a folder (taken by the
+/// listener before the handshake).
 #[test]
 fn a_quiet_server_holds_max_sessions() {
     let target = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -163,41 +165,47 @@ fn a_quiet_server_holds_max_sessions() {
     let sfp = keygen(&dir.join("s.key"));
     let cfp = keygen(&dir.join("c.key"));
     std::fs::write(dir.join("ak"), format!("{cfp}\n")).unwrap();
+    let shared = dir.join("shared");
+    std::fs::create_dir(&shared).unwrap();
     let sport = free_port();
-    let _server = spawn(&[
-        "-q",
-        "server",
-        "--listen",
-        &format!("tls://127.0.0.1:{sport}"),
-        "--key",
-        dir.join("s.key").to_str().unwrap(),
-        "--authorized-keys",
-        dir.join("ak").to_str().unwrap(),
-        "--allow",
-        &format!("127.0.0.1:{tport}"),
-        "--control",
-        "none",
-        "--max-sessions",
-        "3",
-    ]);
-    wait_port(sport);
-    let out = Command::new(BIN)
-        .args([
+    for url in [
+        format!("tls://127.0.0.1:{sport}"),
+        format!("dir://{}", shared.display()),
+    ] {
+        let server = spawn(&[
             "-q",
-            "bench",
-            "sessions",
-            &format!("tls://127.0.0.1:{sport}"),
-        ])
-        .args(["-n", "6", "-c", "1", "--to", &format!("127.0.0.1:{tport}")])
-        .args(["--hold", "1", "--json", "--pin", &sfp])
-        .arg("--key")
-        .arg(dir.join("c.key"))
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        report.contains("\"sessions\": 3") && report.contains("\"failed\": 3"),
-        "{report}"
-    );
-    assert!(report.contains("--max-sessions is reached"), "{report}");
+            "server",
+            "--listen",
+            &url,
+            "--key",
+            dir.join("s.key").to_str().unwrap(),
+            "--authorized-keys",
+            dir.join("ak").to_str().unwrap(),
+            "--allow",
+            &format!("127.0.0.1:{tport}"),
+            "--control",
+            "none",
+            "--max-sessions",
+            "3",
+        ]);
+        if url.starts_with("tls") {
+            wait_port(sport);
+        } else {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let out = Command::new(BIN)
+            .args(["-q", "bench", "sessions", &url])
+            .args(["-n", "6", "-c", "1", "--to", &format!("127.0.0.1:{tport}")])
+            .args(["--hold", "2", "--json", "--pin", &sfp])
+            .arg("--key")
+            .arg(dir.join("c.key"))
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            report.contains("\"sessions\": 3") && report.contains("\"failed\": 3"),
+            "{url}: {report}"
+        );
+        drop(server);
+    }
 }
