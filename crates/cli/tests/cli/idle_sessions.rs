@@ -37,40 +37,12 @@ fn idle_sessions_cost_a_few_tens_of_kib_each() {
     let sessions = ((open_files_limit().saturating_sub(256)) / 3).min(400);
     assert!(sessions >= 300, "open-file limit too low for this test");
 
-    let target = TcpListener::bind("127.0.0.1:0").unwrap();
-    let tport = target.local_addr().unwrap().port();
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
-    std::thread::spawn(move || {
-        let mut held = vec![];
-        while let Ok((s, _)) = target.accept() {
-            count.fetch_add(1, Ordering::SeqCst);
-            held.push(s);
-        }
-    });
+    let (tport, accepted) = holding_target();
     let dir = tmpdir("idle-sessions");
-    let sfp = keygen(&dir.join("s.key"));
-    let cfp = keygen(&dir.join("c.key"));
-    std::fs::write(dir.join("ak"), format!("{cfp}\n")).unwrap();
+    let sfp = keys(&dir);
     let sport = free_port();
-    let server = spawn_logged(
-        &[
-            "server",
-            "--listen",
-            &format!("tls://127.0.0.1:{sport}"),
-            "--key",
-            dir.join("s.key").to_str().unwrap(),
-            "--authorized-keys",
-            dir.join("ak").to_str().unwrap(),
-            "--allow",
-            &format!("127.0.0.1:{tport}"),
-            "--control",
-            "none",
-            "--max-sessions",
-            &(sessions + 64).to_string(),
-        ],
-        &dir.join("server.log"),
-    );
+    let url = format!("tls://127.0.0.1:{sport}");
+    let server = keyed_server(false, &url, &dir, tport, sessions + 64);
     wait_port(sport);
     let bench = |n: u64, hold: u64| {
         let mut c = Command::new(BIN)
@@ -153,18 +125,9 @@ fn idle_sessions_cost_a_few_tens_of_kib_each() {
 /// listener before the handshake).
 #[test]
 fn a_quiet_server_holds_max_sessions() {
-    let target = TcpListener::bind("127.0.0.1:0").unwrap();
-    let tport = target.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let mut held = vec![];
-        while let Ok((s, _)) = target.accept() {
-            held.push(s);
-        }
-    });
+    let (tport, _) = holding_target();
     let dir = tmpdir("quiet-max-sessions");
-    let sfp = keygen(&dir.join("s.key"));
-    let cfp = keygen(&dir.join("c.key"));
-    std::fs::write(dir.join("ak"), format!("{cfp}\n")).unwrap();
+    let sfp = keys(&dir);
     let shared = dir.join("shared");
     std::fs::create_dir(&shared).unwrap();
     let sport = free_port();
@@ -172,22 +135,7 @@ fn a_quiet_server_holds_max_sessions() {
         format!("tls://127.0.0.1:{sport}"),
         format!("dir://{}", shared.display()),
     ] {
-        let server = spawn(&[
-            "-q",
-            "server",
-            "--listen",
-            &url,
-            "--key",
-            dir.join("s.key").to_str().unwrap(),
-            "--authorized-keys",
-            dir.join("ak").to_str().unwrap(),
-            "--allow",
-            &format!("127.0.0.1:{tport}"),
-            "--control",
-            "none",
-            "--max-sessions",
-            "3",
-        ]);
+        let server = keyed_server(true, &url, &dir, tport, 3);
         if url.starts_with("tls") {
             wait_port(sport);
         } else {
@@ -208,4 +156,44 @@ fn a_quiet_server_holds_max_sessions() {
         );
         drop(server);
     }
+}
+
+/// A target that accepts and holds every connection; its port and count.
+fn holding_target() -> (u16, Arc<AtomicUsize>) {
+    let target = TcpListener::bind("127.0.0.1:0").unwrap();
+    let tport = target.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        let mut held = vec![];
+        while let Ok((s, _)) = target.accept() {
+            count.fetch_add(1, Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    (tport, accepted)
+}
+
+/// Keys in `dir` (s.key, c.key, ak authorizing c.key): the server's
+/// fingerprint.
+fn keys(dir: &std::path::Path) -> String {
+    let sfp = keygen(&dir.join("s.key"));
+    let cfp = keygen(&dir.join("c.key"));
+    std::fs::write(dir.join("ak"), format!("{cfp}\n")).unwrap();
+    sfp
+}
+
+/// A server on `url` with the keys in `dir`, allowing `tport`, logging to
+/// `dir/server.log` (`-q` first if `quiet`).
+fn keyed_server(quiet: bool, url: &str, dir: &std::path::Path, tport: u16, max: u64) -> Kill {
+    let (key, ak) = (dir.join("s.key"), dir.join("ak"));
+    let allow = format!("127.0.0.1:{tport}");
+    let max = max.to_string();
+    let mut args = vec!["server", "--listen", url, "--key", key.to_str().unwrap()];
+    args.extend(["--authorized-keys", ak.to_str().unwrap(), "--allow", &allow]);
+    args.extend(["--control", "none", "--max-sessions", &max]);
+    if quiet {
+        args.insert(0, "-q");
+    }
+    spawn_logged(&args, &dir.join("server.log"))
 }
