@@ -22,6 +22,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub const CUSHION: usize = 256 * 1024;
 /// A refill smaller than this is a small one.
 const SMALL_READ: usize = 16 * 1024;
+/// A filled read starts the buffer only if at least this much was asked
+/// for (rustls asks for a record's last few bytes too).
+const MIN_ASK: usize = 4096;
 /// This many small refills in a row: the data no longer streams.
 const SLOWED_AFTER: u8 = 8;
 
@@ -70,7 +73,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Cushion<S> {
                 let before = out.filled().len();
                 let asked = out.remaining();
                 ready!(Pin::new(&mut me.inner).poll_read(cx, out))?;
-                if asked > 0 && out.filled().len() - before == asked {
+                if asked >= MIN_ASK && out.filled().len() - before == asked {
                     // Filled: more is waiting; buffer from the next read on.
                     me.buf = vec![0; CUSHION];
                 }

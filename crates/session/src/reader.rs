@@ -47,10 +47,16 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, id: Carr
     let mut streaming = false;
     let mut small_reads = 0u32;
     let mut pins = Pins::default();
+    // The last read was big: data moves (told once it is decoded and
+    // counted, so the timer sees it).
+    let mut moving = false;
     loop {
         match decode_batch(&shared, &mut buf, pins.may_slice(), id) {
             Batch::More => {}
             Batch::End => return,
+        }
+        if std::mem::take(&mut moving) {
+            shared.moves_again();
         }
         let want = if streaming { READ_CHUNK } else { QUIET_CHUNK };
         let room = buf.capacity() - buf.len();
@@ -75,20 +81,14 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, id: Carr
             Ok(0) => {
                 return shared.carrier_failed(id, "carrier closed by peer".into());
             }
-            Ok(n) if n >= room => {
-                (streaming, small_reads) = (true, 0);
-                shared.moves_again();
-            }
+            Ok(n) if n >= room => (streaming, small_reads, moving) = (true, 0, true),
             Ok(n) if n < QUIET_CHUNK / 2 => {
                 small_reads += 1;
                 if small_reads >= QUIET_AFTER {
                     streaming = false;
                 }
             }
-            Ok(_) => {
-                small_reads = 0;
-                shared.moves_again();
-            }
+            Ok(_) => (small_reads, moving) = (0, true),
             Err(e) => {
                 return shared.carrier_failed(id, format!("carrier read failed: {e}"));
             }

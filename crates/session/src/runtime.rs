@@ -264,6 +264,15 @@ impl Shared {
         }
     }
 
+    /// A timer that is not quiet wakes within PROBE_EVERY anyway (and
+    /// `quiet` is set before the timer looks at the deadlines, under the
+    /// session lock this is called under).
+    fn deadline_added_if_quiet(&self) {
+        if self.quiet.load(std::sync::atomic::Ordering::Relaxed) {
+            self.deadline_added.notify_one();
+        }
+    }
+
     pub fn now_ns(&self) -> u64 {
         self.started.elapsed().as_nanos() as u64
     }
@@ -512,7 +521,7 @@ impl Shared {
             .open(dest, self.now_ns())
             .map_err(refused)?;
         st.opens.insert(id, tx);
-        self.deadline_added.notify_one();
+        self.deadline_added_if_quiet();
         st.streams.insert(
             id,
             StreamRt {
@@ -552,7 +561,7 @@ impl Shared {
             .bind(bind, dest, self.now_ns())
             .map_err(refused)?;
         st.binds.insert(request, tx);
-        self.deadline_added.notify_one();
+        self.deadline_added_if_quiet();
         self.dispatch(&mut st);
         Ok(rx)
     }

@@ -1,8 +1,8 @@
 //! Idle sessions must be cheap at a server holding thousands: many TLS
 //! sessions (`longhaul bench sessions`, each its own carrier, handshake and
 //! one stream held open to a target), then the server's resident memory is
-//! read from /proc and bounded per session (its CPU while they idle is
-//! shown). Release-built figures, against
+//! read from /proc and bounded per session (its CPU while they idle only
+//! loosely: a timer that spins fails). Release-built figures, against
 //! wstunnel: scripts/session_cost.py (docs/BENCHMARKS.md).
 
 use crate::common;
@@ -97,8 +97,8 @@ fn idle_sessions_cost_a_few_tens_of_kib_each() {
     std::thread::sleep(Duration::from_secs(2));
     let rss = status_kib(server.pid(), "VmRSS:");
     let per = rss.saturating_sub(base) / sessions;
-    // Idle: every session's keepalive comes and is answered (shown, not
-    // asserted: CPU figures belong to benchmarks; scripts/session_cost.py).
+    // Idle: every session's keepalive comes and is answered (a loose bound
+    // only: CPU figures belong to benchmarks; scripts/session_cost.py).
     let cpu0 = cpu_time(server.pid());
     std::thread::sleep(Duration::from_secs(12));
     let idle_us = (cpu_time(server.pid()) - cpu0).as_micros() as u64 / 12 / sessions;
@@ -109,6 +109,11 @@ fn idle_sessions_cost_a_few_tens_of_kib_each() {
     assert!(
         per <= PER_SESSION_KIB,
         "an idle session costs the server {per} KiB"
+    );
+    // Not a benchmark (5–15 µs/s): only a timer that spins fails this.
+    assert!(
+        idle_us < 500,
+        "an idle session costs the server {idle_us} µs/s"
     );
     drop(warm);
 }
@@ -134,7 +139,8 @@ fn a_quiet_server_holds_max_sessions() {
         if url.starts_with("tls") {
             wait_port(sport);
         } else {
-            std::thread::sleep(Duration::from_millis(500));
+            // (A folder listener has no port to wait for; -q logs nothing.)
+            std::thread::sleep(Duration::from_secs(1));
         }
         let out = Command::new(BIN)
             .args(["-q", "bench", "sessions", &url])
