@@ -21,7 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// The buffer's size while data streams in.
 pub const CUSHION: usize = 256 * 1024;
 /// A refill smaller than this is a small one.
-const SMALL_READ: usize = 16 * 1024;
+const SMALL_READ: usize = 1024;
 /// A filled read starts the buffer only if at least this much was asked
 /// for (rustls asks for a record's last few bytes too).
 const MIN_ASK: usize = 4096;
