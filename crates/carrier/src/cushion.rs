@@ -50,10 +50,6 @@ impl<S> Cushion<S> {
         }
     }
 
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
     /// Whether a buffer is held now (for tests).
     pub fn is_buffering(&self) -> bool {
         !self.buf.is_empty()

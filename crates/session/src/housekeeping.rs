@@ -169,6 +169,29 @@ impl Drop for CloseIfStopped {
     }
 }
 
+/// How the rest of the session wakes a quiet timer.
+impl Shared {
+    /// Data moves (the writer sends DATA, or the reader took a read bigger
+    /// than a keepalive): a quiet session's path is worth sampling again.
+    /// PINGs and their answers do not count: they keep a session alive,
+    /// not busy.
+    pub fn moves_again(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.quiet.load(Relaxed) && self.quiet.swap(false, Relaxed) {
+            self.timer_woken.notify_one();
+        }
+    }
+
+    /// A timer that is not quiet wakes within PROBE_EVERY anyway (and
+    /// `quiet` is set before the timer looks at the deadlines, under the
+    /// session lock this is called under).
+    pub(crate) fn deadline_added_if_quiet(&self) {
+        if self.quiet.load(std::sync::atomic::Ordering::Relaxed) {
+            self.deadline_added.notify_one();
+        }
+    }
+}
+
 /// When a wait of `wait` from now ends: at once for a short one, on the
 /// next point of the process-wide [`GRID`] for a long one.
 fn wake_at(wait: Duration) -> tokio::time::Instant {

@@ -253,26 +253,6 @@ impl Shared {
         self.lock().conn.mux().dead().is_some()
     }
 
-    /// Data moves (the writer sends DATA, or the reader took a read bigger
-    /// than a keepalive): a quiet session's path is worth sampling again.
-    /// PINGs and their answers do not count: they keep a session alive,
-    /// not busy.
-    pub fn moves_again(&self) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if self.quiet.load(Relaxed) && self.quiet.swap(false, Relaxed) {
-            self.timer_woken.notify_one();
-        }
-    }
-
-    /// A timer that is not quiet wakes within PROBE_EVERY anyway (and
-    /// `quiet` is set before the timer looks at the deadlines, under the
-    /// session lock this is called under).
-    fn deadline_added_if_quiet(&self) {
-        if self.quiet.load(std::sync::atomic::Ordering::Relaxed) {
-            self.deadline_added.notify_one();
-        }
-    }
-
     pub fn now_ns(&self) -> u64 {
         self.started.elapsed().as_nanos() as u64
     }
