@@ -80,6 +80,15 @@ pub trait PathProbe: Send + Sync {
     fn path(&self) -> Option<TcpPath> {
         None
     }
+    /// The kernel watches the carrier for the session, so that rare PINGs
+    /// while no data moves still find a dead path within about
+    /// `dead_after`: keepalive probes after `keepalive` without traffic,
+    /// the connection ended when they, or sent data, go unanswered for
+    /// `dead_after` (at most [`CARRIER_USER_TIMEOUT`]; where there is a
+    /// TCP socket).
+    fn watch(&self, keepalive: Duration, dead_after: Duration) {
+        let _ = (keepalive, dead_after);
+    }
 }
 
 /// Writes straight to the carrier's socket, bypassing the async runtime's
@@ -147,6 +156,17 @@ impl PathProbe for TcpProbe {
         if set_notsent_lowat(&socket2::SockRef::from(&self.sock), bytes).is_ok() {
             self.lowat.store(bytes, Ordering::Relaxed);
         }
+    }
+
+    fn watch(&self, keepalive: Duration, dead_after: Duration) {
+        let keepalive = keepalive.max(Duration::from_secs(1));
+        let retries = (dead_after.as_secs() / keepalive.as_secs()).clamp(1, 100) as u32;
+        // Best effort: the session's own dead-peer check stays.
+        let _ = sys::set_keepalive(&self.sock, keepalive, keepalive, retries);
+        // Never later than the carriers' usual bound: a long --dead-after
+        // keeps idle sessions cheap, not dead carriers around.
+        let abort_after = dead_after.clamp(Duration::from_secs(1), CARRIER_USER_TIMEOUT);
+        let _ = sys::set_user_timeout(&self.sock, abort_after);
     }
 
     fn retune_with(&self, p: &TcpPath) {

@@ -43,6 +43,20 @@ pub struct SessionArgs {
     /// Nothing heard from the peer for this long: the carrier is dead (a resumable session moves to a new one).
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_span)]
     pub dead_after: std::time::Duration,
+    /// While no data moves, PING this rarely (if the peer agrees; over TCP carriers, whose kernel keepalive watches the path meanwhile), so idle sessions cost no wake-ups; lower it if a proxy or NAT on the path drops connections idle for less (0: PING at the usual pace; at most 120s).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_quiet_keepalive)]
+    pub quiet_keepalive: std::time::Duration,
+}
+
+fn parse_quiet_keepalive(s: &str) -> Result<std::time::Duration, String> {
+    let d = parse_span(s)?;
+    let max = longhaul_proto::handshake::MAX_QUIET_KEEPALIVE_SECS;
+    if d > std::time::Duration::from_secs(max.into()) {
+        return Err(format!(
+            "--quiet-keepalive {s} is too long: give at most {max}s (or 0 to PING at the usual pace)"
+        ));
+    }
+    Ok(d)
 }
 
 pub(crate) fn parse_replay_size(s: &str) -> Result<u64, String> {
@@ -85,6 +99,7 @@ impl SessionArgs {
                 std::time::Duration::from_millis(300),
                 std::time::Duration::from_secs(30),
             ),
+            quiet_keepalive: (!self.quiet_keepalive.is_zero()).then_some(self.quiet_keepalive),
             ..SessionConfig::default()
         }
     }

@@ -7,7 +7,8 @@
 //! u16      protocol version
 //! u32      feature bits
 //! u16      largest frame the sender accepts
-//! u32      reserved (zero)
+//! u16      the sender's quiet keepalive in seconds (with FEATURE_QUIET_KEEPALIVE)
+//! u16      reserved (zero)
 //! ```
 //!
 //! The session then runs with the lower version, the intersection of the
@@ -35,6 +36,14 @@ pub const FEATURE_DRAIN: u32 = 1 << 4;
 /// session (`resume::Instance`), for the client's later carriers of that
 /// session to carry where a load balancer routes on it.
 pub const FEATURE_INSTANCE: u32 = 1 << 5;
+/// While no data moves, the sender PINGs only every so many seconds (the
+/// hello's quiet keepalive field, at most [`MAX_QUIET_KEEPALIVE_SECS`]),
+/// and lets its peer do the same: each side then allows the other that much
+/// more silence. A peer without the bit gets PINGs at the usual pace.
+pub const FEATURE_QUIET_KEEPALIVE: u32 = 1 << 6;
+/// The longest quiet keepalive a peer may announce (a longer one is taken
+/// as this): how much longer a silent peer is waited for at most.
+pub const MAX_QUIET_KEEPALIVE_SECS: u16 = 120;
 /// What every native session offers; [`FEATURE_RESUME`] is added by
 /// sessions that can resume (not JMUX-like pipes such as `--stdio`).
 pub const FEATURES: u32 = FEATURE_PING | FEATURE_BIND | FEATURE_DRAIN | FEATURE_INSTANCE;
@@ -44,6 +53,8 @@ pub struct Hello {
     pub version: u16,
     pub features: u32,
     pub max_frame: u16,
+    /// Seconds between our PINGs while no data moves (0: none announced).
+    pub quiet_keepalive_secs: u16,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -62,6 +73,7 @@ impl Hello {
             version: VERSION,
             features: FEATURES,
             max_frame,
+            quiet_keepalive_secs: 0,
         }
     }
 
@@ -71,6 +83,7 @@ impl Hello {
         b[8..10].copy_from_slice(&self.version.to_be_bytes());
         b[10..14].copy_from_slice(&self.features.to_be_bytes());
         b[14..16].copy_from_slice(&self.max_frame.to_be_bytes());
+        b[16..18].copy_from_slice(&self.quiet_keepalive_secs.to_be_bytes());
         b
     }
 
@@ -90,6 +103,7 @@ impl Hello {
             version,
             features: u32::from_be_bytes([b[10], b[11], b[12], b[13]]),
             max_frame,
+            quiet_keepalive_secs: u16::from_be_bytes([b[16], b[17]]),
         })
     }
 
@@ -99,7 +113,16 @@ impl Hello {
             version: self.version.min(peer.version),
             features: self.features & peer.features,
             max_frame: self.max_frame.min(peer.max_frame),
+            quiet_keepalive_secs: 0,
         }
+    }
+
+    /// How rarely the peer of this hello PINGs while no data moves, if
+    /// both hellos (`self` ours) offered the quiet keepalive.
+    pub fn peer_quiet_keepalive(&self, peer: &Hello) -> Option<std::time::Duration> {
+        let both = self.features & peer.features & FEATURE_QUIET_KEEPALIVE != 0;
+        let secs = peer.quiet_keepalive_secs.min(MAX_QUIET_KEEPALIVE_SECS);
+        (both && secs > 0).then(|| std::time::Duration::from_secs(secs.into()))
     }
 }
 
@@ -114,12 +137,28 @@ mod tests {
             version: 3,
             features: FEATURE_PING | 1 << 20,
             max_frame: 16384,
+            quiet_keepalive_secs: 0,
         };
         assert_eq!(Hello::decode(&a.encode()), Ok(a));
         let n = a.negotiate(&b);
         assert_eq!(n.version, 1);
         assert_eq!(n.features, FEATURE_PING);
         assert_eq!(n.max_frame, 16384);
+    }
+
+    #[test]
+    fn a_quiet_keepalive_needs_both_and_is_bounded() {
+        let mut a = Hello::ours(65535);
+        a.features |= FEATURE_QUIET_KEEPALIVE;
+        a.quiet_keepalive_secs = 30;
+        let mut b = a;
+        assert_eq!(Hello::decode(&a.encode()), Ok(a));
+        b.quiet_keepalive_secs = u16::MAX;
+        let max = std::time::Duration::from_secs(MAX_QUIET_KEEPALIVE_SECS.into());
+        assert_eq!(a.peer_quiet_keepalive(&b), Some(max));
+        b.features &= !FEATURE_QUIET_KEEPALIVE;
+        assert_eq!(a.peer_quiet_keepalive(&b), None);
+        assert_eq!(b.peer_quiet_keepalive(&a), None);
     }
 
     #[test]

@@ -17,6 +17,11 @@ const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// (a wake-up of a sleeping thread costs more than the work it does).
 const COALESCE_FROM: Duration = Duration::from_secs(1);
 const GRID: Duration = Duration::from_millis(250);
+/// Waits this long or longer (a quiet session's keepalive and dead-peer
+/// deadlines, tens of seconds) end on a coarser grid: more sessions share
+/// each wake-up, and a second is nothing against such a deadline.
+const COARSE_FROM: Duration = Duration::from_secs(10);
+const COARSE_GRID: Duration = Duration::from_secs(1);
 /// How often a striped session looks for a stalled lane and owes an ACK.
 const STRIPE_TICK: Duration = Duration::from_millis(50);
 /// How often the lanes' counters are logged (`-v`).
@@ -31,29 +36,20 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
     let mut slowest = Duration::ZERO;
     // Bytes moved both ways at the last sample (None: never sampled).
     let mut moved_at_sample: Option<u64> = None;
-    // DATA bytes received when the session went quiet.
-    let mut received_at_quiet = 0u64;
     loop {
         let now = shared.now_ns();
-        let (moved, received) = shared.with(|m, _| {
+        let moved = shared.with(|m, _| {
             let s = m.stats();
-            (s.bytes_sent + s.bytes_received, s.bytes_received)
+            s.bytes_sent + s.bytes_received
         });
         // (A striped session's lanes are sampled on every probe: its timer
         // ticks for them anyway.)
-        if next_probe == u64::MAX && received_at_quiet != received {
-            // Quiet, but data came in since (a trickle in reads too small to
-            // wake the timer; PINGs and other control frames do not count
-            // there): sample again.
-            next_probe = 0;
-        }
         if now >= next_probe && moved_at_sample == Some(moved) && !shared.striped {
             // Idle since the last sample: nothing to learn until data moves
             // again (`Shared::moves_again` wakes this). An idle session's
             // path needs no samples, and thousands of idle sessions must
             // not cost a core.
             next_probe = u64::MAX;
-            received_at_quiet = received;
             shared
                 .quiet
                 .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -114,7 +110,11 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
             }
         }
         // The connection's deadlines, the server's resume expiry among them.
+        let quiet = next_probe == u64::MAX;
         let (dead, next) = shared.with_conn(|c, _| {
+            // The keepalive's pace (rarer PINGs while quiet, where both
+            // sides offered it).
+            c.mux_mut().set_quiet(quiet, now);
             c.handle_timeout(now);
             (c.mux().dead().is_some(), c.poll_timeout())
         });
@@ -171,8 +171,9 @@ impl Drop for CloseIfStopped {
 
 /// How the rest of the session wakes a quiet timer.
 impl Shared {
-    /// Data moves (the writer sends DATA, or the reader took a read bigger
-    /// than a keepalive): a quiet session's path is worth sampling again.
+    /// Data moves (the writer sends DATA, the reader took a read bigger
+    /// than a keepalive or DATA in any read): a quiet session's path is
+    /// worth sampling again, and its PINGs go at the usual pace.
     /// PINGs and their answers do not count: they keep a session alive,
     /// not busy.
     pub fn moves_again(&self) {
@@ -202,7 +203,10 @@ fn wake_at(wait: Duration) -> tokio::time::Instant {
         return exact;
     }
     let epoch = *EPOCH.get_or_init(|| now);
-    let grid = GRID.as_nanos();
+    let grid = match wait < COARSE_FROM {
+        true => GRID.as_nanos(),
+        false => COARSE_GRID.as_nanos(),
+    };
     let since = exact.duration_since(epoch).as_nanos();
     let rounded = since.div_ceil(grid) * grid;
     epoch + Duration::from_nanos(rounded.min(u64::MAX as u128) as u64)
@@ -221,6 +225,11 @@ mod tests {
         // On the grid: deadlines wake in whole slots of each other.
         let (apart, slot) = (b.duration_since(a).as_nanos(), GRID.as_nanos());
         assert!(b >= a && apart / slot * slot == apart);
+        // Long ones on a coarser grid.
+        let c = wake_at(Duration::from_millis(12_300));
+        let d = wake_at(Duration::from_millis(14_100));
+        let (apart, slot) = (d.duration_since(c).as_nanos(), COARSE_GRID.as_nanos());
+        assert!(d > c && apart / slot * slot == apart);
         let short = wake_at(Duration::from_millis(20));
         assert!(short <= tokio::time::Instant::now() + Duration::from_millis(20));
         // Never earlier than asked, however far.

@@ -118,6 +118,9 @@ impl Shared {
         slot.id = id;
         let stop = Arc::new(Notify::new());
         slot.probe = carrier.probe.map(Arc::from);
+        if let Some(p) = &slot.probe {
+            p.watch(self.config.keepalive, self.config.dead_after);
+        }
         // Spawned tasks run only once the driver polls them, never in this
         // call: holding the lock here is safe.
         slot.reader = Some(self.spawn(carrier_reader(self.clone(), carrier.reader, id)));

@@ -105,7 +105,18 @@ enum Batch {
 /// all if carrier `id` is no longer current and counts what it hands on
 /// in the same call; then starts the work the frames asked for.
 fn decode_batch(shared: &Arc<Shared>, buf: &mut BytesMut, may_slice: bool, id: CarrierId) -> Batch {
-    let (r, work) = shared.input(|c, now| c.on_bytes(id, buf, may_slice, now));
+    let mut data = false;
+    let (r, work) = shared.input(|c, now| {
+        let before = c.mux().stats().bytes_received;
+        let r = c.on_bytes(id, buf, may_slice, now);
+        data = c.mux().stats().bytes_received != before;
+        r
+    });
+    if data {
+        // Even a byte of DATA ends a quiet session's rare PINGs at once:
+        // the peer that sent it counts on our PINGs at the usual pace.
+        shared.moves_again();
+    }
     start_work(shared, work);
     match r {
         Received::Taken { wake } => {

@@ -33,6 +33,8 @@ pub(crate) struct Negotiated {
     /// A new resumable session's answer is followed by the server's
     /// instance name.
     pub instance: bool,
+    /// Both sides offered the quiet keepalive: (ours, the peer's).
+    pub quiet_keepalive: Option<(Duration, Duration)>,
 }
 
 /// Runs the native hello (nothing in JMUX mode).
@@ -57,11 +59,20 @@ pub(crate) async fn hello_then(
             resume: false,
             drain: false,
             instance: false,
+            quiet_keepalive: None,
         });
     }
     let mut ours = Hello::ours(config.max_frame);
     if config.resume {
         ours.features |= handshake::FEATURE_RESUME;
+    }
+    // Only over a TCP socket, whose kernel keepalive watches the carrier
+    // while PINGs are rare (a folder or a pipe has none).
+    let quiet = config.quiet_keepalive.filter(|q| *q > config.keepalive);
+    if let (Some(q), Some(_)) = (quiet, &carrier.probe) {
+        ours.features |= handshake::FEATURE_QUIET_KEEPALIVE;
+        let max = handshake::MAX_QUIET_KEEPALIVE_SECS;
+        ours.quiet_keepalive_secs = q.as_secs().min(max.into()) as u16;
     }
     let hello = async {
         let mut first = ours.encode().to_vec();
@@ -85,6 +96,10 @@ pub(crate) async fn hello_then(
         drain: n.features & handshake::FEATURE_DRAIN != 0
             && n.features & handshake::FEATURE_PING != 0,
         instance: n.features & handshake::FEATURE_INSTANCE != 0,
+        quiet_keepalive: ours.peer_quiet_keepalive(&peer).map(|theirs| {
+            let ours = Duration::from_secs(ours.quiet_keepalive_secs.into());
+            (ours, theirs)
+        }),
     })
 }
 
@@ -139,6 +154,9 @@ pub(crate) fn build(
     });
     let mut mux = mux;
     mux.set_drain_negotiated(n.drain);
+    if let Some((ours, theirs)) = n.quiet_keepalive {
+        mux.set_quiet_keepalive(ours, theirs);
+    }
     // Clients ping; a server answers, and pings only a client that stops.
     mux.set_answer_only(role == Role::Server);
     let limits = decode_limits(&config, n);

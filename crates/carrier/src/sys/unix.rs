@@ -405,6 +405,35 @@ pub fn folder_path_from_bytes(bytes: Vec<u8>) -> Option<std::path::PathBuf> {
     Some(os.into())
 }
 
+/// Kernel keepalive: a probe after `idle` without traffic, then every
+/// `interval`; `retries` unanswered end the connection (where the count can
+/// be set; Linux ends it at TCP_USER_TIMEOUT instead when that is set).
+pub fn set_keepalive(
+    sock: &socket2::Socket,
+    idle: std::time::Duration,
+    interval: std::time::Duration,
+    retries: u32,
+) -> io::Result<()> {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(interval);
+    #[cfg(any(
+        target_os = "linux",
+        target_os = "android",
+        target_os = "freebsd",
+        target_vendor = "apple"
+    ))]
+    let ka = ka.with_retries(retries);
+    #[cfg(not(any(
+        target_os = "linux",
+        target_os = "android",
+        target_os = "freebsd",
+        target_vendor = "apple"
+    )))]
+    let _ = retries;
+    sock.set_tcp_keepalive(&ka)
+}
+
 /// The kernel aborts a connection whose sent data stays unacknowledged
 /// this long (Linux's TCP_USER_TIMEOUT; other Unixes keep their default).
 pub fn set_user_timeout(sock: &socket2::Socket, d: std::time::Duration) -> io::Result<()> {

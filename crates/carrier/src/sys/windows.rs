@@ -109,6 +109,20 @@ pub fn poll_writable(sock: &socket2::Socket) -> io::Result<bool> {
     Ok(fds[0].revents & ready != 0)
 }
 
+/// Kernel keepalive: a probe after `idle` without traffic, then every
+/// `interval` (SIO_KEEPALIVE_VALS); Windows fixes the number of probes.
+pub fn set_keepalive(
+    sock: &socket2::Socket,
+    idle: std::time::Duration,
+    interval: std::time::Duration,
+    _retries: u32,
+) -> io::Result<()> {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(interval);
+    sock.set_tcp_keepalive(&ka)
+}
+
 /// TCP_MAXRT: the connection is aborted when a retransmission goes
 /// unanswered this long (whole seconds).
 pub fn set_user_timeout(sock: &socket2::Socket, d: std::time::Duration) -> io::Result<()> {

@@ -11,6 +11,24 @@ use crate::frame::{Frame, Reason};
 /// intervals.
 pub const ANSWERING_PING_EVERY: u64 = 4;
 
+/// The keepalive of a session while no data moves ("quiet"), when both
+/// sides offered it in their hellos: PINGs every `ours` instead of every
+/// keepalive interval (each PING wakes a sleeping peer; a server holding
+/// thousands of idle sessions pays for every one), the kernel's TCP
+/// keepalive watching the carrier meanwhile. The peer pings at least every
+/// `peer` while quiet, so its silence counts as death only after that
+/// much more. Data moving again ends it at once on both sides (the
+/// session tells the core, [`Mux::set_quiet`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct QuietKeepalive {
+    ours: Option<u64>,
+    peer: Option<u64>,
+    /// The session is quiet now.
+    on: bool,
+    /// When it was last quiet no more (the peer may still be).
+    left_at: u64,
+}
+
 impl Mux {
     /// Keepalive mostly by answering (a server: its clients ping): while
     /// the peer pings, a PING of our own only every [`ANSWERING_PING_EVERY`]
@@ -23,6 +41,36 @@ impl Mux {
 
     pub fn set_answer_only(&mut self, yes: bool) {
         self.answer_only = yes;
+    }
+
+    /// Both hellos offered the quiet keepalive: we ping every `ours` while
+    /// quiet, the peer at least every `peer` (see [`QuietKeepalive`]).
+    pub fn set_quiet_keepalive(&mut self, ours: Duration, peer: Duration) {
+        self.quiet.ours = (ours > self.cfg.keepalive).then_some(ours.as_nanos() as u64);
+        // The peer's own interval, even if shorter than ours.
+        self.quiet.peer = Some(peer.as_nanos() as u64);
+    }
+
+    /// No data moves (`true`) or it moves again (`false`): the session's
+    /// timer tells. Only the keepalive's pace changes.
+    pub fn set_quiet(&mut self, quiet: bool, now: u64) {
+        if self.quiet.on && !quiet {
+            self.quiet.left_at = now;
+        }
+        self.quiet.on = quiet;
+    }
+
+    /// From when, and for how long, silence from the peer is allowed.
+    fn silence_allowed(&self) -> (u64, u64) {
+        let dead_after = self.cfg.dead_after.as_nanos() as u64;
+        match (self.quiet.on, self.quiet.peer) {
+            // The peer may be quiet too: its next PING may be that far off.
+            (true, Some(peer)) => (self.last_rx, dead_after.saturating_add(peer)),
+            // Quiet no more: the peer learns it from our data and pings at
+            // once; until then it may still be on its quiet pace.
+            (false, Some(_)) => (self.last_rx.max(self.quiet.left_at), dead_after),
+            (_, None) => (self.last_rx, dead_after),
+        }
     }
 
     // ---- time -------------------------------------------------------
@@ -63,9 +111,17 @@ impl Mux {
     /// and our PONGs prove both directions alive), and every interval
     /// otherwise.
     fn next_ping(&self) -> u64 {
-        let keepalive = self.cfg.keepalive.as_nanos() as u64;
+        let mut keepalive = self.cfg.keepalive.as_nanos() as u64;
         let every = |k: u64| self.last_ping.map_or(0, |p| p.saturating_add(k));
+        if let (true, Some(ours)) = (self.quiet.on, self.quiet.ours) {
+            keepalive = ours;
+        }
         match (self.answer_only, self.peer_pinged) {
+            // Quiet: the peer's PINGs and our PONGs prove the path, and
+            // there is no RTT to learn: no PING of ours (the peer's
+            // silence past its quiet interval and `dead_after` ends the
+            // carrier). A wake-up fewer per interval for every session.
+            (true, Some(_)) if self.quiet.on && self.quiet.peer.is_some() => u64::MAX,
             (true, Some(p)) => {
                 // Until the peer is late, the rare PING; then the usual.
                 let late = p.saturating_add(keepalive + keepalive / 2);
@@ -84,7 +140,8 @@ impl Mux {
         let mut at = |t: u64| next = Some(next.map_or(t, |n| n.min(t)));
         if self.cfg.extensions && self.attached && !self.silent_reported {
             at(self.next_ping());
-            at(self.last_rx + self.cfg.dead_after.as_nanos() as u64);
+            let (since, allowed) = self.silence_allowed();
+            at(since.saturating_add(allowed));
         }
         if let (Some(idle), true) = (self.cfg.idle_timeout, self.attached) {
             at(self.busy_at + idle.as_nanos() as u64);
@@ -118,12 +175,14 @@ impl Mux {
         }
         if self.cfg.extensions && self.attached && !self.silent_reported {
             let silent = now.saturating_sub(self.last_rx);
-            if silent > self.cfg.dead_after.as_nanos() as u64 && self.cfg.resumable {
+            let (since, allowed) = self.silence_allowed();
+            let too_long = now.saturating_sub(since) > allowed;
+            if too_long && self.cfg.resumable {
                 self.silent_reported = true;
                 self.events.push_back(Event::CarrierSilent {
                     silent: Duration::from_nanos(silent),
                 });
-            } else if silent > self.cfg.dead_after.as_nanos() as u64 {
+            } else if too_long {
                 return self.close(format!(
                     "peer unresponsive for {:?}",
                     Duration::from_nanos(silent)

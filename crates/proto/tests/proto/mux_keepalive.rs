@@ -1,6 +1,7 @@
 //! Keepalive: a side that mostly answers (a server) pings only every
 //! fourth interval while its peer pings, and every one once the peer is
-//! late; a new carrier is pinged at once.
+//! late; a new carrier is pinged at once. While no data moves (quiet) and
+//! both sides offered it, PINGs are rarer and silence is allowed longer.
 
 use crate::mux_common;
 
@@ -64,4 +65,107 @@ fn an_answering_side_pings_rarely_while_its_peer_pings() {
     c.handle_frame(Frame::Ping { nonce: 9 }, 10 * S).unwrap();
     c.handle_timeout(31 * S);
     assert_eq!(pings(&mut c), 1);
+}
+
+const S: u64 = 1_000_000_000;
+
+/// keepalive 5 s, dead after 15 s, resumable (silence is reported).
+fn usual() -> longhaul_proto::mux::MuxConfig {
+    let mut cfg = config(false);
+    cfg.keepalive = std::time::Duration::from_secs(5);
+    cfg.dead_after = std::time::Duration::from_secs(15);
+    cfg.resumable = true;
+    cfg
+}
+
+fn silent(m: &mut Mux) -> bool {
+    std::iter::from_fn(|| m.poll_event())
+        .any(|e| matches!(e, longhaul_proto::mux::Event::CarrierSilent { .. }))
+}
+
+#[test]
+fn a_quiet_session_pings_rarely_and_waits_longer_for_its_quiet_peer() {
+    let thirty = std::time::Duration::from_secs(30);
+    let mut c = Mux::new(usual());
+    c.set_quiet_keepalive(thirty, thirty);
+    c.heard(0);
+    c.handle_timeout(0);
+    assert_eq!(pings(&mut c), 1);
+    c.set_quiet(true, S);
+    for t in [6, 11, 29] {
+        c.handle_timeout(t * S);
+        assert_eq!(pings(&mut c), 0, "quiet at {t} s: no PING yet");
+    }
+    c.handle_timeout(30 * S);
+    assert_eq!(pings(&mut c), 1);
+    // The peer's quiet PINGs may be 30 s apart: silence counts after 45 s.
+    c.handle_timeout(44 * S);
+    assert!(!silent(&mut c));
+    c.handle_timeout(46 * S);
+    assert!(silent(&mut c));
+
+    // Data moves again: the usual pace at once, and the peer (maybe still
+    // quiet for a moment) gets the usual 15 s from then.
+    let mut c = Mux::new(usual());
+    c.set_quiet_keepalive(thirty, thirty);
+    c.heard(0);
+    c.handle_timeout(0);
+    assert_eq!(pings(&mut c), 1);
+    c.set_quiet(true, S);
+    c.heard(20 * S);
+    c.set_quiet(false, 40 * S);
+    c.handle_timeout(40 * S);
+    assert_eq!(pings(&mut c), 1, "a PING as soon as data moves");
+    assert!(
+        !silent(&mut c),
+        "20 s since the peer's quiet PING is no death"
+    );
+    c.handle_timeout(54 * S);
+    assert!(!silent(&mut c));
+    c.handle_timeout(56 * S);
+    assert!(silent(&mut c));
+
+    // A peer that did not offer it: quiet changes nothing.
+    let mut c = Mux::new(usual());
+    c.heard(0);
+    c.handle_timeout(0);
+    c.set_quiet(true, S);
+    c.handle_timeout(5 * S);
+    assert_eq!(pings(&mut c), 2);
+    c.handle_timeout(16 * S);
+    assert!(silent(&mut c));
+}
+
+#[test]
+fn a_quiet_answering_side_only_answers_a_peer_that_pings() {
+    let thirty = std::time::Duration::from_secs(30);
+    let mut m = Mux::new(usual());
+    m.set_answer_only(true);
+    m.set_quiet_keepalive(thirty, thirty);
+    m.handle_timeout(0);
+    assert_eq!(pings(&mut m), 1);
+    m.set_quiet(true, S);
+    for k in 1..=8u64 {
+        let t = k * 30 * S;
+        m.heard(t);
+        m.handle_frame(Frame::Ping { nonce: k }, t).unwrap();
+        m.handle_timeout(t + S);
+        let out = written(&mut m);
+        assert!(out.contains(&Frame::Pong { nonce: k }));
+        assert!(
+            !out.iter().any(|f| matches!(f, Frame::Ping { .. })),
+            "round {k}"
+        );
+        let due = m.poll_timeout().unwrap();
+        assert!(due > t + S, "round {k}: deadline {due} already passed");
+    }
+    // The peer stops: its silence counts after 15 + 30 s, with no PING of
+    // ours (the timer wakes for that deadline only).
+    let last = 8 * 30 * S;
+    assert_eq!(m.poll_timeout(), Some(last + 45 * S));
+    m.handle_timeout(last + 44 * S);
+    assert!(!silent(&mut m));
+    m.handle_timeout(last + 46 * S);
+    assert!(silent(&mut m));
+    assert_eq!(pings(&mut m), 0);
 }
