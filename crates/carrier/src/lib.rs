@@ -81,11 +81,11 @@ pub trait PathProbe: Send + Sync {
         None
     }
     /// The kernel watches the carrier for the session, so that rare PINGs
-    /// while no data moves still find a dead path within about
-    /// `dead_after`: keepalive probes after `keepalive` without traffic,
-    /// the connection ended when they, or sent data, go unanswered for
-    /// `dead_after` (at most [`CARRIER_USER_TIMEOUT`]; where there is a
-    /// TCP socket).
+    /// while no data moves still find a dead first hop within about
+    /// `dead_after` (or [`CARRIER_USER_TIMEOUT`]): keepalive probes after
+    /// `keepalive` without traffic, every `keepalive`, the connection ended
+    /// when they go unanswered (where there is a TCP socket). A proxy on
+    /// the way answers them itself: beyond it, the session's own check.
     fn watch(&self, keepalive: Duration, dead_after: Duration) {
         let _ = (keepalive, dead_after);
     }
@@ -161,12 +161,10 @@ impl PathProbe for TcpProbe {
     fn watch(&self, keepalive: Duration, dead_after: Duration) {
         let keepalive = keepalive.max(Duration::from_secs(1));
         let retries = (dead_after.as_secs() / keepalive.as_secs()).clamp(1, 100) as u32;
-        // Best effort: the session's own dead-peer check stays.
+        // Best effort: the session's own dead-peer check stays. (Linux
+        // ends the connection at TCP_USER_TIMEOUT, CARRIER_USER_TIMEOUT,
+        // once a probe is out.)
         let _ = sys::set_keepalive(&self.sock, keepalive, keepalive, retries);
-        // Never later than the carriers' usual bound: a long --dead-after
-        // keeps idle sessions cheap, not dead carriers around.
-        let abort_after = dead_after.clamp(Duration::from_secs(1), CARRIER_USER_TIMEOUT);
-        let _ = sys::set_user_timeout(&self.sock, abort_after);
     }
 
     fn retune_with(&self, p: &TcpPath) {

@@ -40,11 +40,11 @@ pub struct SessionArgs {
     /// How long a session whose carrier dropped is kept for a resume (server), or tried (client, then a new session starts).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_span)]
     pub resume_timeout: std::time::Duration,
-    /// Nothing heard from the peer for this long: the carrier is dead (a resumable session moves to a new one).
+    /// Nothing heard from the peer for this long: the carrier is dead (a resumable session moves to a new one). While no data moves, --quiet-keepalive is allowed on top (the kernel's TCP keepalive finds a dead first hop within this long meanwhile; a dead peer behind a proxy takes up to the sum).
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_span)]
     pub dead_after: std::time::Duration,
-    /// While no data moves, PING this rarely (if the peer agrees; over TCP carriers, whose kernel keepalive watches the path meanwhile), so idle sessions cost no wake-ups; lower it if a proxy or NAT on the path drops connections idle for less (0: PING at the usual pace; at most 120s).
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_quiet_keepalive)]
+    /// While no data moves, PING this rarely, so idle sessions cost a server almost nothing (both sides must offer it, and the shorter of the two is used; TCP carriers only, whose kernel keepalive watches the first hop meanwhile); lower it if a proxy or NAT on the path drops connections idle for less (0: PING at the usual pace; at most 120s).
+    #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_quiet_keepalive)]
     pub quiet_keepalive: std::time::Duration,
 }
 

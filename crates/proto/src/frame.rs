@@ -389,6 +389,12 @@ impl Default for DecodeLimits {
     }
 }
 
+/// The size the message starting `buf` declares (header included), once
+/// its header is there; not checked (that is [`decode`]'s part).
+pub fn declared_len(buf: &[u8]) -> Option<usize> {
+    (buf.len() >= HEADER_LEN).then(|| u16::from_be_bytes([buf[1], buf[2]]) as usize)
+}
+
 /// Takes one complete message off the front of `buf`.
 ///
 /// Returns `Ok(None)` when more bytes are needed (nothing is consumed), and an

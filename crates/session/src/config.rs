@@ -56,11 +56,12 @@ pub struct SessionConfig {
     /// Nothing heard for this long: the carrier is dead (resumable
     /// sessions move to a new one), or the peer (others). Default 15 s.
     pub dead_after: Duration,
-    /// PING interval while no data moves, where both sides offer it and
-    /// the carrier is a TCP socket (whose kernel keepalive, set from
-    /// `keepalive` and `dead_after`, watches it meanwhile); None or not
-    /// above `keepalive`: PINGs at the usual pace. Default 30 s (under the
-    /// 60 s idle timeouts of common proxies and load balancers).
+    /// PING interval while no data moves, where both sides offer it (the
+    /// shorter of the two is used) and the carrier is a TCP socket (whose
+    /// kernel keepalive, set from `keepalive` and `dead_after`, watches it
+    /// meanwhile); None or not above `keepalive`: PINGs at the usual pace.
+    /// Default 25 s (under the 30 s and 60 s idle timeouts common in
+    /// proxies and load balancers).
     pub quiet_keepalive: Option<Duration>,
     /// Offer the link layer that lets the session survive a dropped
     /// carrier (native mode; both sides must offer it). Off for pipes that
@@ -115,7 +116,7 @@ impl Default for SessionConfig {
             control_limit: 4 * 1024 * 1024,
             keepalive: Duration::from_secs(5),
             dead_after: Duration::from_secs(15),
-            quiet_keepalive: Some(Duration::from_secs(30)),
+            quiet_keepalive: Some(Duration::from_secs(25)),
             resume: true,
             replay_limit: 0,
             stripes: 0,

@@ -53,6 +53,18 @@ pub(crate) async fn housekeeping(shared: Arc<Shared>) {
             shared
                 .quiet
                 .store(true, std::sync::atomic::Ordering::Relaxed);
+            // Data counted since the look above found `quiet` unset and
+            // woke no one: quiet no longer.
+            let now_moved = shared.with(|m, _| {
+                let s = m.stats();
+                s.bytes_sent + s.bytes_received
+            });
+            if now_moved != moved {
+                shared
+                    .quiet
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                next_probe = 0;
+            }
         } else if now >= next_probe {
             next_probe = now + PROBE_EVERY.as_nanos() as u64;
             moved_at_sample = Some(moved);

@@ -114,11 +114,13 @@ impl Shared {
         if !still_current(&st, id) {
             return;
         }
+        // The kernel watches the carrier while PINGs are rare.
+        let watched = st.conn().mux().has_quiet_keepalive();
         let slot = &mut st.slot;
         slot.id = id;
         let stop = Arc::new(Notify::new());
         slot.probe = carrier.probe.map(Arc::from);
-        if let Some(p) = &slot.probe {
+        if let (Some(p), true) = (&slot.probe, watched) {
             p.watch(self.config.keepalive, self.config.dead_after);
         }
         // Spawned tasks run only once the driver polls them, never in this
@@ -252,6 +254,7 @@ impl Shared {
         self: &Arc<Self>,
         carrier: Carrier,
         limits: DecodeLimits,
+        quiet_keepalive: Option<std::time::Duration>,
         peer_received: u64,
     ) -> Result<u64, longhaul_proto::link::LinkError> {
         let (id, resend, outage, bytes) = self.with_conn(|c, clock| {
@@ -263,6 +266,7 @@ impl Shared {
             let (id, resend) = c.resume(0, peer_received, now)?;
             // As the hello on the new carrier agreed.
             c.set_limits(limits);
+            c.mux_mut().set_quiet_keepalive(quiet_keepalive);
             let bytes = c.link().map_or(0, |l| l.replayed()) - before;
             Ok::<_, longhaul_proto::link::LinkError>((id, resend, outage, bytes))
         })?;

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use longhaul_carrier::BoxRead;
 #[cfg(test)]
 use longhaul_proto::connection::MAX_PINNED_CHUNKS;
@@ -62,11 +62,21 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, id: Carr
         let room = buf.capacity() - buf.len();
         let low = room
             < if streaming {
-                frame::MAX_FRAME_LEN
+                2 * frame::MAX_FRAME_LEN
             } else {
                 QUIET_CHUNK / 4
             };
-        if low || size != want {
+        // A big buffer is read into up to a frame's length short of its
+        // end; near that, only up to the end of the unfinished frame (which
+        // then fits: a frame is at most MAX_FRAME_LEN), so that the next
+        // buffer starts on a frame and nothing is copied over (the copy was
+        // ≈ 6 % of a bulk receiver's bytes, a memmove in its profile). The
+        // room left unread is never touched: it costs no memory.
+        let finish = match (low && size == want && streaming, frame::declared_len(&buf)) {
+            (true, Some(len)) if len > buf.len() && len - buf.len() <= room => len - buf.len(),
+            _ => 0,
+        };
+        if finish == 0 && (low || size != want) {
             // Start a fresh buffer holding only the unfinished frame at the
             // tail (< 64 KiB); growing the old one would copy the frames
             // already handed out of it as well. A quiet carrier's buffer is
@@ -77,11 +87,26 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, id: Carr
             pins.retire(std::mem::replace(&mut sentinel, s));
         }
         let room = buf.capacity() - buf.len();
-        match r.read_buf(&mut buf).await {
+        if finish > 0 {
+            match r.read_buf(&mut (&mut buf).limit(finish)).await {
+                Ok(0) => return shared.carrier_failed(id, "carrier closed by peer".into()),
+                // Counted neither big nor small: the read was cut short.
+                Ok(_) => moving = true,
+                Err(e) => {
+                    return shared.carrier_failed(id, format!("carrier read failed: {e}"));
+                }
+            }
+            continue;
+        }
+        let ask = match size == READ_CHUNK {
+            true => room.saturating_sub(frame::MAX_FRAME_LEN).max(1),
+            false => room,
+        };
+        match r.read_buf(&mut (&mut buf).limit(ask)).await {
             Ok(0) => {
                 return shared.carrier_failed(id, "carrier closed by peer".into());
             }
-            Ok(n) if n >= room => (streaming, small_reads, moving) = (true, 0, true),
+            Ok(n) if n >= ask => (streaming, small_reads, moving) = (true, 0, true),
             Ok(n) if n < QUIET_CHUNK / 2 => {
                 small_reads += 1;
                 if small_reads >= QUIET_AFTER {

@@ -237,11 +237,13 @@ pub(crate) async fn resume_client(
     match answer {
         Attached::Resumed { received, .. } => {
             let limits = decode_limits(config, &n);
-            shared.resume_on(carrier, limits, received).map_err(|e| {
-                let why = format!("cannot resume: {e}");
-                shared.close(why.clone());
-                SessionError::Closed(why)
-            })
+            shared
+                .resume_on(carrier, limits, n.quiet_keepalive, received)
+                .map_err(|e| {
+                    let why = format!("cannot resume: {e}");
+                    shared.close(why.clone());
+                    SessionError::Closed(why)
+                })
         }
         Attached::Refused(r) => Err(SessionError::ResumeRefused(r)),
         Attached::New { .. } | Attached::Joined => Err(SessionError::Closed(
@@ -468,7 +470,7 @@ pub(crate) async fn serve_attach(
             })
             .await?;
             let limits = decode_limits(&config, n);
-            if let Err(e) = shared.resume_on(carrier, limits, received) {
+            if let Err(e) = shared.resume_on(carrier, limits, n.quiet_keepalive, received) {
                 let why = format!("cannot resume session {id}: {e}");
                 shared.close(why.clone());
                 return Err(SessionError::Closed(why));

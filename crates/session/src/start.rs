@@ -33,8 +33,10 @@ pub(crate) struct Negotiated {
     /// A new resumable session's answer is followed by the server's
     /// instance name.
     pub instance: bool,
-    /// Both sides offered the quiet keepalive: (ours, the peer's).
-    pub quiet_keepalive: Option<(Duration, Duration)>,
+    /// Both sides offered the quiet keepalive: the shorter of the two
+    /// intervals, which both then use (the side that asked for the shorter
+    /// knows of a middlebox that needs it).
+    pub quiet_keepalive: Option<Duration>,
 }
 
 /// Runs the native hello (nothing in JMUX mode).
@@ -96,10 +98,9 @@ pub(crate) async fn hello_then(
         drain: n.features & handshake::FEATURE_DRAIN != 0
             && n.features & handshake::FEATURE_PING != 0,
         instance: n.features & handshake::FEATURE_INSTANCE != 0,
-        quiet_keepalive: ours.peer_quiet_keepalive(&peer).map(|theirs| {
-            let ours = Duration::from_secs(ours.quiet_keepalive_secs.into());
-            (ours, theirs)
-        }),
+        quiet_keepalive: ours
+            .peer_quiet_keepalive(&peer)
+            .map(|theirs| theirs.min(Duration::from_secs(ours.quiet_keepalive_secs.into()))),
     })
 }
 
@@ -154,9 +155,7 @@ pub(crate) fn build(
     });
     let mut mux = mux;
     mux.set_drain_negotiated(n.drain);
-    if let Some((ours, theirs)) = n.quiet_keepalive {
-        mux.set_quiet_keepalive(ours, theirs);
-    }
+    mux.set_quiet_keepalive(n.quiet_keepalive);
     // Clients ping; a server answers, and pings only a client that stops.
     mux.set_answer_only(role == Role::Server);
     let limits = decode_limits(&config, n);

@@ -93,8 +93,11 @@ fn a_quiet_session_pings_rarely_lives_on_and_still_finds_a_dead_path() {
     let sport = free_port();
     let dir = tmpdir("quiet-keepalive");
     // dead after 3 s: a PING every second while data moves; every 6 s
-    // while quiet, so each side allows 3 + 6 s of silence.
+    // while quiet, so each side allows 3 + 6 s of silence. The client
+    // offers a longer quiet interval: the shorter one (the server's) is
+    // used, else the server would take the client for dead.
     let timing = ["--dead-after", "3s", "--quiet-keepalive", "6s"];
+    let client_timing = ["--dead-after", "3s", "--quiet-keepalive", "20s"];
     let _server = spawn_logged(
         &[
             &["server", "--listen", &format!("tcp://127.0.0.1:{sport}")],
@@ -114,7 +117,7 @@ fn a_quiet_session_pings_rarely_lives_on_and_still_finds_a_dead_path() {
             &["client", &format!("tcp://127.0.0.1:{}", relay.port)],
             &["--insecure", "--control", "none", "-L"][..],
             &[&format!("127.0.0.1:{local}:127.0.0.1:{tport}")],
-            &timing,
+            &client_timing,
         ]
         .concat(),
         &log,

@@ -15,10 +15,11 @@ pub const ANSWERING_PING_EVERY: u64 = 4;
 /// sides offered it in their hellos: PINGs every `ours` instead of every
 /// keepalive interval (each PING wakes a sleeping peer; a server holding
 /// thousands of idle sessions pays for every one), the kernel's TCP
-/// keepalive watching the carrier meanwhile. The peer pings at least every
-/// `peer` while quiet, so its silence counts as death only after that
-/// much more. Data moving again ends it at once on both sides (the
-/// session tells the core, [`Mux::set_quiet`]).
+/// keepalive watching the carrier meanwhile. Both sides use the same
+/// interval (the shorter offered), so the peer pings at least every `peer`
+/// while quiet, and its silence counts as death only after that much more.
+/// Data moving again ends it at once on both sides (the session tells the
+/// core, [`Mux::set_quiet`]).
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct QuietKeepalive {
     ours: Option<u64>,
@@ -43,12 +44,19 @@ impl Mux {
         self.answer_only = yes;
     }
 
-    /// Both hellos offered the quiet keepalive: we ping every `ours` while
-    /// quiet, the peer at least every `peer` (see [`QuietKeepalive`]).
-    pub fn set_quiet_keepalive(&mut self, ours: Duration, peer: Duration) {
-        self.quiet.ours = (ours > self.cfg.keepalive).then_some(ours.as_nanos() as u64);
-        // The peer's own interval, even if shorter than ours.
-        self.quiet.peer = Some(peer.as_nanos() as u64);
+    /// Both hellos offered the quiet keepalive and agreed on `every`
+    /// (None: not both; see [`QuietKeepalive`]).
+    pub fn set_quiet_keepalive(&mut self, every: Option<Duration>) {
+        let ns = every.map(|d| d.as_nanos() as u64);
+        // Never rarer than the usual pace: then the usual one.
+        self.quiet.ours = ns.filter(|&q| q > self.cfg.keepalive.as_nanos() as u64);
+        self.quiet.peer = ns;
+    }
+
+    /// PINGs may be rare while quiet (the kernel's keepalive is then asked
+    /// to watch the carrier).
+    pub fn has_quiet_keepalive(&self) -> bool {
+        self.quiet.ours.is_some()
     }
 
     /// No data moves (`true`) or it moves again (`false`): the session's
@@ -117,11 +125,16 @@ impl Mux {
             keepalive = ours;
         }
         match (self.answer_only, self.peer_pinged) {
-            // Quiet: the peer's PINGs and our PONGs prove the path, and
-            // there is no RTT to learn: no PING of ours (the peer's
-            // silence past its quiet interval and `dead_after` ends the
-            // carrier). A wake-up fewer per interval for every session.
-            (true, Some(_)) if self.quiet.on && self.quiet.peer.is_some() => u64::MAX,
+            (true, Some(p)) if self.quiet.on && self.quiet.peer.is_some() => {
+                // Quiet: the peer's PINGs and our PONGs prove the path, and
+                // there is no RTT to learn: no PING of ours until the peer
+                // is a usual interval late (then it is asked, before its
+                // silence counts as death).
+                let peer = self.quiet.peer.unwrap_or(keepalive);
+                let usual = self.cfg.keepalive.as_nanos() as u64;
+                p.saturating_add(peer.saturating_add(usual))
+                    .max(every(keepalive))
+            }
             (true, Some(p)) => {
                 // Until the peer is late, the rare PING; then the usual.
                 let late = p.saturating_add(keepalive + keepalive / 2);
