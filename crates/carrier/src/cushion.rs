@@ -10,7 +10,9 @@
 //! of [`CUSHION`] bytes until [`SLOWED_AFTER`] refills in a row bring less
 //! than [`SMALL_READ`] each (the stream has slowed), when the buffer is let
 //! go. (The count keeps a peer that alternates bursts and trickles from
-//! making every few KiB cost a fresh buffer.)
+//! making every few KiB cost a fresh buffer.) A small refill after a pause
+//! of [`PAUSED`] lets it go at once: an idle session's keepalives come tens
+//! of seconds apart, and eight of them would keep the buffer for minutes.
 
 use std::io;
 use std::pin::Pin;
@@ -27,6 +29,8 @@ const SMALL_READ: usize = 1024;
 const MIN_ASK: usize = 4096;
 /// This many small refills in a row: the data no longer streams.
 const SLOWED_AFTER: u8 = 8;
+/// A small refill this long after the one before: the data stopped.
+pub const PAUSED: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Reads `S` through a buffer kept only while reads come in big.
 pub struct Cushion<S> {
@@ -37,6 +41,8 @@ pub struct Cushion<S> {
     end: usize,
     /// Small refills in a row.
     small: u8,
+    /// When the buffer was last refilled.
+    refilled: Option<std::time::Instant>,
 }
 
 impl<S> Cushion<S> {
@@ -47,6 +53,7 @@ impl<S> Cushion<S> {
             pos: 0,
             end: 0,
             small: 0,
+            refilled: None,
         }
     }
 
@@ -79,9 +86,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for Cushion<S> {
             ready!(Pin::new(&mut me.inner).poll_read(cx, &mut rb))?;
             let got = rb.filled().len();
             (me.pos, me.end) = (0, got);
-            me.small = match got < SMALL_READ {
-                true => me.small.saturating_add(1),
-                false => 0,
+            let now = std::time::Instant::now();
+            let paused = me.refilled.is_some_and(|t| now.duration_since(t) >= PAUSED);
+            me.refilled = Some(now);
+            me.small = match (got < SMALL_READ, paused) {
+                (true, true) => SLOWED_AFTER,
+                (true, false) => me.small.saturating_add(1),
+                (false, _) => 0,
             };
             if got == 0 {
                 // The end: nothing buffered is left to hand over.
@@ -103,7 +114,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Cushion<S> {
 impl<S> Cushion<S> {
     fn let_go(&mut self) {
         self.buf = Vec::new();
-        (self.pos, self.end, self.small) = (0, 0, 0);
+        (self.pos, self.end, self.small, self.refilled) = (0, 0, 0, None);
     }
 }
 
@@ -168,5 +179,24 @@ mod tests {
         assert!(!c.is_buffering());
         drop(b);
         assert_eq!(c.read(&mut small).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_small_read_after_a_pause_lets_the_buffer_go_at_once() {
+        let (a, mut b) = tokio::io::duplex(1 << 20);
+        let mut c = Cushion::new(a);
+        let mut out = [0u8; 8192];
+        b.write_all(&vec![1u8; 300_000]).await.unwrap();
+        let mut got = 0;
+        while got < 300_000 {
+            got += c.read(&mut out).await.unwrap();
+        }
+        assert!(c.is_buffering());
+        tokio::time::sleep(PAUSED + std::time::Duration::from_millis(50)).await;
+        // One keepalive after the pause.
+        b.write_all(b"ping").await.unwrap();
+        let n = c.read(&mut out).await.unwrap();
+        assert_eq!(&out[..n], b"ping");
+        assert!(!c.is_buffering());
     }
 }

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use longhaul_carrier::cushion::PAUSED;
 use longhaul_carrier::BoxRead;
 #[cfg(test)]
 use longhaul_proto::connection::MAX_PINNED_CHUNKS;
@@ -28,7 +29,8 @@ pub(crate) const READ_CHUNK: usize = 512 * 1024;
 /// session keeps (at most, and only the pages its reads touched).
 const QUIET_CHUNK: usize = 8 * 1024;
 /// This many small reads in a row (each under half of [`QUIET_CHUNK`])
-/// and the big buffer is let go.
+/// and the big buffer is let go; or one small read after a pause of
+/// [`PAUSED`] (a quiet session's keepalives come tens of seconds apart).
 const QUIET_AFTER: u32 = 8;
 
 /// A fresh read buffer of `size` bytes more than `carry` (an unfinished
@@ -50,6 +52,7 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, id: Carr
     // The last read was big: data moves (told once it is decoded and
     // counted, so the timer sees it).
     let mut moving = false;
+    let mut last_read = std::time::Instant::now();
     loop {
         match decode_batch(&shared, &mut buf, pins.may_slice(), id) {
             Batch::More => {}
@@ -102,14 +105,18 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, id: Carr
             true => room.saturating_sub(frame::MAX_FRAME_LEN).max(1),
             false => room,
         };
-        match r.read_buf(&mut (&mut buf).limit(ask)).await {
+        let read = r.read_buf(&mut (&mut buf).limit(ask)).await;
+        let now = std::time::Instant::now();
+        let paused = now.duration_since(last_read) >= PAUSED;
+        last_read = now;
+        match read {
             Ok(0) => {
                 return shared.carrier_failed(id, "carrier closed by peer".into());
             }
             Ok(n) if n >= ask => (streaming, small_reads, moving) = (true, 0, true),
             Ok(n) if n < QUIET_CHUNK / 2 => {
                 small_reads += 1;
-                if small_reads >= QUIET_AFTER {
+                if small_reads >= QUIET_AFTER || paused {
                     streaming = false;
                 }
             }
