@@ -13,6 +13,8 @@
 //! making every few KiB cost a fresh buffer.) A small refill after a pause
 //! of [`PAUSED`] lets it go at once: an idle session's keepalives come tens
 //! of seconds apart, and eight of them would keep the buffer for minutes.
+//! (A path whose round trip is a second or more may so make a fresh buffer
+//! once per round trip: one allocation a second at most.)
 
 use std::io;
 use std::pin::Pin;
@@ -79,6 +81,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for Cushion<S> {
                 if asked >= MIN_ASK && out.filled().len() - before == asked {
                     // Filled: more is waiting; buffer from the next read on.
                     me.buf = vec![0; CUSHION];
+                    // Timed from here: the first small refill after a
+                    // pause lets it go again.
+                    me.refilled = Some(std::time::Instant::now());
                 }
                 return Poll::Ready(Ok(()));
             }
@@ -194,6 +199,23 @@ mod tests {
         assert!(c.is_buffering());
         tokio::time::sleep(PAUSED + std::time::Duration::from_millis(50)).await;
         // One keepalive after the pause.
+        b.write_all(b"ping").await.unwrap();
+        let n = c.read(&mut out).await.unwrap();
+        assert_eq!(&out[..n], b"ping");
+        assert!(!c.is_buffering());
+    }
+
+    #[tokio::test]
+    async fn a_buffer_never_refilled_goes_at_the_first_small_read_after_a_pause() {
+        let (a, mut b) = tokio::io::duplex(1 << 20);
+        let mut c = Cushion::new(a);
+        let mut out = [0u8; 8192];
+        // One read that fills what was asked starts the buffer ...
+        b.write_all(&[1u8; 8192]).await.unwrap();
+        assert_eq!(c.read(&mut out).await.unwrap(), 8192);
+        assert!(c.is_buffering());
+        tokio::time::sleep(PAUSED + std::time::Duration::from_millis(50)).await;
+        // ... and the first keepalive after a pause ends it.
         b.write_all(b"ping").await.unwrap();
         let n = c.read(&mut out).await.unwrap();
         assert_eq!(&out[..n], b"ping");

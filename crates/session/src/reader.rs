@@ -94,7 +94,9 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, id: Carr
             match r.read_buf(&mut (&mut buf).limit(finish)).await {
                 Ok(0) => return shared.carrier_failed(id, "carrier closed by peer".into()),
                 // Counted neither big nor small: the read was cut short.
-                Ok(_) => moving = true,
+                // Nor as moving: a trickled unfinished frame would wake a
+                // quiet timer for every piece.
+                Ok(_) => {}
                 Err(e) => {
                     return shared.carrier_failed(id, format!("carrier read failed: {e}"));
                 }
@@ -102,7 +104,11 @@ pub(crate) async fn carrier_reader(shared: Arc<Shared>, mut r: BoxRead, id: Carr
             continue;
         }
         let ask = match size == READ_CHUNK {
-            true => room.saturating_sub(frame::MAX_FRAME_LEN).max(1),
+            // A big buffer that is not low has at least two frames' room.
+            true => {
+                debug_assert!(room > frame::MAX_FRAME_LEN);
+                room.saturating_sub(frame::MAX_FRAME_LEN)
+            }
             false => room,
         };
         let read = r.read_buf(&mut (&mut buf).limit(ask)).await;

@@ -257,8 +257,14 @@ async fn write_parts(
 ) -> io::Result<()> {
     let mut start = 0;
     let mut blocked = false;
-    // When the socket was first found full.
-    let mut waiting = None;
+    // Ends STALLED_AFTER after the socket was first found full in this
+    // call. The allowance starts again with each call on purpose: carried
+    // while the queue stays non-empty, it would mark every bulk stream
+    // whose consumer is a little slower than the path stalled, and copy
+    // all it gets. A peer that spreads slices so that a slow consumer keeps
+    // buffers referenced costs the session copying (CPU), never memory: the
+    // session's pin bound (MAX_PINNED_CHUNKS) holds.
+    let mut stall: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     while start < parts.len() {
         let r = {
             let slices: Vec<IoSlice<'_>> = parts[start..]
@@ -287,19 +293,18 @@ async fn write_parts(
                 // the slices as they are: copying everything that arrives
                 // meanwhile cost a bulk receiver ≈ 5 % of its CPU. One that
                 // stays full past STALLED_AFTER is stalled.
-                let stalled_at =
-                    *waiting.get_or_insert_with(|| tokio::time::Instant::now() + STALLED_AFTER);
                 if !blocked {
-                    let quick = tokio::time::timeout_at(stalled_at, async {
-                        tokio::select! {
-                            r = wr.writable() => r,
-                            _ = io.down.notified() => match io.inbox().abort {
-                                true => Err(aborted()),
-                                false => Ok(()),
-                            },
-                        }
-                    });
-                    if let Ok(r) = quick.await {
+                    let stalled_at =
+                        stall.get_or_insert_with(|| Box::pin(tokio::time::sleep(STALLED_AFTER)));
+                    let quick = tokio::select! {
+                        r = wr.writable() => Some(r),
+                        _ = io.down.notified() => Some(match io.inbox().abort {
+                            true => Err(aborted()),
+                            false => Ok(()),
+                        }),
+                        _ = stalled_at.as_mut() => None,
+                    };
+                    if let Some(r) = quick {
                         r?;
                         continue;
                     }
