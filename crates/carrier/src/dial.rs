@@ -70,6 +70,11 @@ pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
         }
         CarrierUrl::Net { transport, addr } => (transport, addr),
     };
+    if *transport == Transport::Quic {
+        let cfg = opts.tls.clone().ok_or_else(|| need_tls(url))?;
+        let (cc, name) = (opts.congestion.as_deref(), opts.instance.as_deref());
+        return crate::quic::dial(addr, cfg, cc, opts.bind, name, url.to_string()).await;
+    }
     let tcp = match opts.bind {
         None => TcpStream::connect(addr.as_str()).await?,
         Some(local) => connect_from(local, addr).await?,
@@ -85,6 +90,8 @@ pub async fn dial(url: &CarrierUrl, opts: &DialOptions) -> io::Result<Carrier> {
     let name = opts.instance.as_deref();
     match transport {
         Transport::Tcp => Carrier::from_tcp(tcp),
+        // Dialed above, over UDP.
+        Transport::Quic => Err(io::Error::other("quic:// takes no TCP connection")),
         Transport::Tls => {
             let cfg = opts.tls.clone().ok_or_else(|| need_tls(url))?;
             let (filler, probe) = crate::filler_and_probe(tcp, &flag)?;
@@ -167,6 +174,10 @@ pub async fn accept(
     let flag = UrgentFlag::default();
     match transport {
         Transport::Tcp => Ok((Carrier::from_tcp(tcp)?, None)),
+        Transport::Quic => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "quic:// is not accepted on a TCP socket",
+        )),
         Transport::Tls => {
             let cfg = tls_cfg.ok_or_else(no_tls)?;
             crate::tune_carrier_socket(&tcp)?;

@@ -20,6 +20,7 @@ pub mod dial;
 mod fill;
 pub mod folder;
 pub mod keys;
+pub mod quic;
 mod sockopt;
 #[allow(unsafe_code)]
 mod sys;
@@ -89,6 +90,9 @@ pub trait PathProbe: Send + Sync {
     fn watch(&self, keepalive: Duration, dead_after: Duration) {
         let _ = (keepalive, dead_after);
     }
+    /// The server authenticated the carrier's client: what was held back
+    /// from unauthenticated peers (a QUIC connection's window) may open.
+    fn admitted(&self) {}
 }
 
 /// Writes straight to the carrier's socket, bypassing the async runtime's

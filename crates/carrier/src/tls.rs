@@ -289,7 +289,7 @@ pub type Buffered<S> = Cushion<S>;
 
 /// The label of the TLS exporter value that binds a session's attach
 /// proofs to one carrier (RFC 5705 / RFC 8446 §7.5).
-const BINDING_LABEL: &[u8] = b"EXPORTER-longhaul-attach";
+pub(crate) const BINDING_LABEL: &[u8] = b"EXPORTER-longhaul-attach";
 
 /// A TLS connection's exporter value: the same at both ends of one
 /// connection, different for every other, and known to no one else.

@@ -4,6 +4,7 @@
 //! |------------------------|------------------------|---------------------------------|
 //! | `HOST:PORT`, `tls://`  | TCP                    | yes                             |
 //! | `tcp://HOST:PORT`      | TCP                    | no (needs `--insecure`)         |
+//! | `quic://HOST:PORT`     | QUIC over UDP          | yes (QUIC's own TLS 1.3)        |
 //! | `ws://HOST:PORT/PATH`  | WebSocket over TCP     | inside the WebSocket, end to end (off with `--insecure`) |
 //! | `wss://HOST:PORT/PATH` | WebSocket inside TLS   | yes (the outer TLS)             |
 //! | `cmd://COMMAND`        | a command's stdin/stdout | no: the command's channel (ssh) authenticates |
@@ -19,8 +20,14 @@ use std::net::SocketAddr;
 pub enum Transport {
     Tcp,
     Tls,
-    Ws { path: String },
-    Wss { path: String },
+    /// QUIC over UDP; its TLS is always on (see [`crate::quic`]).
+    Quic,
+    Ws {
+        path: String,
+    },
+    Wss {
+        path: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,13 +49,14 @@ impl Transport {
         match self {
             Transport::Tcp => "tcp",
             Transport::Tls => "tls",
+            Transport::Quic => "quic",
             Transport::Ws { .. } => "ws",
             Transport::Wss { .. } => "wss",
         }
     }
 }
 
-const USAGE: &str = "use HOST:PORT, tls://HOST:PORT, tcp://HOST:PORT, ws://HOST:PORT/PATH, wss://HOST:PORT/PATH, cmd://COMMAND or dir://PATH";
+const USAGE: &str = "use HOST:PORT, tls://HOST:PORT, tcp://HOST:PORT, quic://HOST:PORT, ws://HOST:PORT/PATH, wss://HOST:PORT/PATH, cmd://COMMAND or dir://PATH";
 
 fn split_scheme(s: &str) -> (Option<&str>, &str) {
     match s.find("://") {
@@ -87,6 +95,7 @@ impl std::str::FromStr for CarrierUrl {
             Some("dir") => return Ok(CarrierUrl::Dir(s.trim().parse()?)),
             None | Some("tls") => Transport::Tls,
             Some("tcp") => Transport::Tcp,
+            Some("quic") => Transport::Quic,
             Some("ws") | Some("wss") => {
                 let (addr, path) = host_port_path(rest, s)?;
                 let t = if scheme == Some("ws") {
@@ -194,6 +203,11 @@ mod tests {
         assert_eq!(
             "tcp://[::1]:7".parse::<CarrierUrl>().unwrap().to_string(),
             "tcp://[::1]:7"
+        );
+        let l: ListenUrl = "quic://0.0.0.0:7000".parse().unwrap();
+        assert_eq!(
+            (l.transport.clone(), l.to_string()),
+            (Transport::Quic, "quic://0.0.0.0:7000".into())
         );
     }
 

@@ -48,7 +48,7 @@ pub(crate) async fn connect(
             ),
             Transport::Tcp => false,
             Transport::Ws { .. } => !config.insecure,
-            Transport::Tls | Transport::Wss { .. } => true,
+            Transport::Tls | Transport::Quic | Transport::Wss { .. } => true,
         },
     };
     let host = match url {

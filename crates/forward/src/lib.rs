@@ -31,6 +31,7 @@ pub mod rules;
 pub mod server;
 mod server_acceptor;
 mod server_config;
+mod server_quic;
 mod server_session;
 mod sessions;
 pub mod socks5;

@@ -79,6 +79,13 @@ impl Pending {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether a quarter of the table is taken: then a QUIC client's
+    /// address is checked (a Retry) before its handshake takes a place,
+    /// so that packets with forged sources cannot fill it.
+    pub fn busy(&self) -> bool {
+        self.lock().entries.len() >= self.total.div_ceil(4)
+    }
+
     /// Admits a new handshake from `source` (None: not counted per source,
     /// e.g. behind a reverse proxy every client has the proxy's address),
     /// dropping the oldest one of that source, or of all, if full.

@@ -21,6 +21,7 @@ use crate::sessions::{Live, Slots};
 
 pub struct Server {
     listeners: Vec<(TcpListener, ListenUrl)>,
+    quic: Vec<(longhaul_carrier::quic::QuicListener, ListenUrl)>,
     folders: Vec<FolderListener>,
     /// `--max-sessions`; folder listeners take theirs before they start
     /// anything for a carrier.
@@ -89,9 +90,22 @@ impl Server {
             None => None,
         };
         let mut listeners = vec![];
+        let mut quic = vec![];
+        let cannot = |l: &ListenUrl, e: std::io::Error| {
+            std::io::Error::new(e.kind(), format!("cannot listen on {l}: {e}"))
+        };
         for l in &config.listen {
-            let lst = bind_listener(l.addr)
-                .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {l}: {e}")))?;
+            if l.transport == Transport::Quic {
+                let tls = tls
+                    .clone()
+                    .ok_or_else(|| invalid(format!("{l} needs --key")))?;
+                let cc = config.congestion.as_deref();
+                let lst = longhaul_carrier::quic::QuicListener::bind(l.addr, tls, cc)
+                    .map_err(|e| cannot(l, e))?;
+                quic.push((lst, l.clone()));
+                continue;
+            }
+            let lst = bind_listener(l.addr).map_err(|e| cannot(l, e))?;
             listeners.push((lst, l.clone()));
         }
         let slots = Arc::new(Semaphore::new(config.max_sessions));
@@ -108,6 +122,7 @@ impl Server {
         });
         Ok(Server {
             listeners,
+            quic,
             folders,
             slots,
             tls,
@@ -119,9 +134,10 @@ impl Server {
 
     /// The first listener's address.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        match self.listeners.first() {
-            Some((l, _)) => l.local_addr(),
-            None => Err(std::io::ErrorKind::NotFound.into()),
+        match (self.listeners.first(), self.quic.first()) {
+            (Some((l, _)), _) => l.local_addr(),
+            (None, Some((q, _))) => q.local_addr(),
+            (None, None) => Err(std::io::ErrorKind::NotFound.into()),
         }
     }
 
@@ -133,6 +149,10 @@ impl Server {
                 transport: u.transport.clone(),
                 addr: l.local_addr().unwrap_or(u.addr),
             })
+            .chain(self.quic.iter().map(|(q, u)| ListenUrl {
+                transport: u.transport.clone(),
+                addr: q.local_addr().unwrap_or(u.addr),
+            }))
             .collect()
     }
 
@@ -194,6 +214,13 @@ impl Server {
             let tls = if use_tls { self.tls.clone() } else { None };
             tasks.spawn(accept_loop(listener, url, tls, serving.clone()));
         }
+        for (listener, url) in self.quic {
+            tasks.spawn(crate::server_quic::accept_loop(
+                listener,
+                url,
+                serving.clone(),
+            ));
+        }
         tokio::select! {
             _ = async { while tasks.join_next().await.is_some() {} } => return,
             _ = stop => {}
@@ -244,6 +271,11 @@ pub(crate) struct Serving {
 }
 
 impl Serving {
+    /// The table of handshakes not finished yet.
+    pub(crate) fn pending(&self) -> &Arc<Pending> {
+        &self.pending
+    }
+
     /// A slot under `--max-sessions` for a new carrier, or a log line.
     pub(crate) fn slot(
         &self,
@@ -263,7 +295,7 @@ impl Serving {
     /// or part of one — a pending ticket (which a flood may take away; a
     /// new session takes a slot under `--max-sessions` before the ticket
     /// goes, a resume or a lane none), or a slot it already holds.
-    async fn handshake_and_serve(
+    pub(crate) async fn handshake_and_serve(
         self,
         from: String,
         ends: Option<Ends>,
@@ -301,6 +333,9 @@ impl Serving {
             };
             let (who, under) =
                 authenticate(&mut carrier, key, &config, &policy, true, deadline).await?;
+            if let Some(p) = &carrier.probe {
+                p.admitted();
+            }
             let named = (from.clone(), ends);
             let asked = admit(
                 carrier,
@@ -399,7 +434,7 @@ fn is_unheard(e: &std::io::Error) -> bool {
 }
 
 /// Where a carrier waits while it authenticates.
-enum Gate {
+pub(crate) enum Gate {
     /// In the pending table; a session slot is taken after.
     Pending(crate::pending::Ticket),
     /// Already holding a session slot.

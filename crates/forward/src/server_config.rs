@@ -102,7 +102,7 @@ impl ServerConfig {
         match t {
             Transport::Tcp => false,
             Transport::Ws { .. } => !self.auth.insecure,
-            Transport::Tls | Transport::Wss { .. } => true,
+            Transport::Tls | Transport::Quic | Transport::Wss { .. } => true,
         }
     }
 

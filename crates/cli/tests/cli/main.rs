@@ -21,6 +21,7 @@ mod lifecycle;
 mod local_user;
 mod netem;
 mod ops;
+mod quic;
 mod quiet_keepalive;
 mod reload_revokes;
 mod reset;

@@ -1,0 +1,317 @@
+//! QUIC carriers (`quic://`, quinn): the session's bytes over one
+//! bidirectional QUIC stream, inside the same TLS 1.3 with pinned keys as
+//! `tls://` (the same rustls configs, so the same identities, pins and
+//! tickets; 0-RTT stays off: its data could be replayed).
+//!
+//! One stream, not one per tunnelled connection: the multiplexer, its
+//! windows, resume and the link layer stay as they are, and a QUIC
+//! connection that dies is resumed like a TCP one. What QUIC adds below
+//! them: loss recovery without a kernel's head-of-line wait per segment
+//! train, an address that may change under a live connection (the server
+//! follows a client that moved: migration), and UDP paths where TCP is
+//! throttled.
+//!
+//! Bounds: a client opens one stream and the server none; before the
+//! client authenticates, the server lets it send at most
+//! [`UNAUTHENTICATED_WINDOW`] (then [`CONNECTION_WINDOW`]); datagrams are
+//! refused until a session asks for them.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
+use tokio::io::AsyncWrite;
+
+use crate::keys::Fingerprint;
+use crate::{Carrier, PathProbe};
+
+/// One stream may have this much in flight: a 1 Gbit/s path of 100 ms
+/// holds 12.5 MB.
+pub const STREAM_WINDOW: u32 = 16 * 1024 * 1024;
+/// The whole connection, once its client authenticated.
+pub const CONNECTION_WINDOW: u32 = STREAM_WINDOW;
+/// What an unauthenticated client may send (its hello and proof need a
+/// few hundred bytes): the server's handshake table holds many of them.
+pub const UNAUTHENTICATED_WINDOW: u32 = 64 * 1024;
+/// A connection that hears nothing this long is gone: QUIC's stand-in
+/// for TCP_USER_TIMEOUT on a TCP carrier, the same time
+/// ([`crate::CARRIER_USER_TIMEOUT`]). It catches a path that dies while
+/// the session's own check is relaxed (a quiet session allows
+/// `--dead-after` plus its quiet interval of silence; a transfer whose
+/// windows ran out counts as quiet).
+const IDLE_TIMEOUT: Duration = crate::CARRIER_USER_TIMEOUT;
+/// QUIC PINGs this often keep an idle connection (a quiet session PINGs
+/// only every 25 s) within [`IDLE_TIMEOUT`] with a lost packet to spare,
+/// and a NAT's binding warm. The cost: one small packet each way per
+/// 5 s per idle session, which a TCP carrier does not pay.
+const KEEP_ALIVE: Duration = Duration::from_secs(5);
+/// The UDP socket buffers asked for: a fast path's bursts between reads.
+const SOCKET_BUFFER: usize = 8 * 1024 * 1024;
+/// After the session lets go of a carrier, its connection stays this
+/// long at most for the last bytes written to be delivered.
+const LINGER: Duration = Duration::from_secs(2);
+/// The server name sent when there is no instance to name (names are not
+/// checked: keys are pinned).
+const DEFAULT_NAME: &str = "longhaul";
+
+fn transport(congestion: Option<&str>, server: bool) -> Arc<quinn::TransportConfig> {
+    use quinn::congestion;
+    let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_bidi_streams(VarInt::from_u32(server as u32))
+        .max_concurrent_uni_streams(VarInt::from_u32(0))
+        .stream_receive_window(VarInt::from_u32(STREAM_WINDOW))
+        .receive_window(VarInt::from_u32(match server {
+            true => UNAUTHENTICATED_WINDOW,
+            false => CONNECTION_WINDOW,
+        }))
+        .send_window(STREAM_WINDOW as u64)
+        .datagram_receive_buffer_size(None)
+        .max_idle_timeout(Some(IDLE_TIMEOUT.try_into().expect("in range")))
+        .keep_alive_interval(Some(KEEP_ALIVE));
+    match congestion {
+        Some("bbr") => {
+            t.congestion_controller_factory(Arc::new(congestion::BbrConfig::default()));
+        }
+        Some("reno") | Some("newreno") => {
+            t.congestion_controller_factory(Arc::new(congestion::NewRenoConfig::default()));
+        }
+        _ => {
+            t.congestion_controller_factory(Arc::new(congestion::CubicConfig::default()));
+        }
+    }
+    Arc::new(t)
+}
+
+/// A UDP socket with buffers for a fast path; says once which setting to
+/// raise when the system caps them.
+fn udp_socket(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    let s = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    if addr.is_ipv6() {
+        let _ = s.set_only_v6(false);
+    }
+    let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
+    let _ = s.set_send_buffer_size(SOCKET_BUFFER);
+    let got = s.recv_buffer_size().unwrap_or(0);
+    // Linux reports twice what it grants.
+    if got < SOCKET_BUFFER / 2 {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            tracing::warn!(
+                "UDP socket buffers are capped at {} KiB: quic:// may drop packets on a fast path; raise the limit (Linux: sysctl -w net.core.rmem_max={SOCKET_BUFFER} net.core.wmem_max={SOCKET_BUFFER})",
+                got / 1024
+            )
+        });
+    }
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    Ok(s.into())
+}
+
+fn tls_error(e: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, format!("QUIC TLS setup: {e}"))
+}
+
+fn conn_error(e: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, e.to_string())
+}
+
+/// A server's QUIC listener.
+pub struct QuicListener {
+    endpoint: Endpoint,
+}
+
+impl QuicListener {
+    pub fn bind(
+        addr: SocketAddr,
+        tls: Arc<rustls::ServerConfig>,
+        congestion: Option<&str>,
+    ) -> io::Result<QuicListener> {
+        let crypto = QuicServerConfig::try_from(tls).map_err(tls_error)?;
+        let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        cfg.transport_config(transport(congestion, true));
+        // A client that moves (NAT rebinding, another network) keeps its
+        // connection; the new address is validated before it gets more
+        // than three times what it sent (quinn-proto).
+        cfg.migration(true);
+        let endpoint = Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(cfg),
+            udp_socket(addr)?,
+            Arc::new(quinn::TokioRuntime),
+        )?;
+        Ok(QuicListener { endpoint })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.endpoint.local_addr()
+    }
+
+    /// The next client's first packet (`None`: the endpoint closed).
+    pub async fn accept(&self) -> Option<quinn::Incoming> {
+        self.endpoint.accept().await
+    }
+}
+
+/// Server side: the client's connection, its stream and key.
+pub async fn accept(incoming: quinn::Incoming) -> io::Result<(Carrier, Option<Fingerprint>)> {
+    let peer = incoming.remote_address().to_string();
+    let conn = incoming
+        .accept()
+        .map_err(conn_error)?
+        .await
+        .map_err(conn_error)?;
+    let fp = conn
+        .peer_identity()
+        .and_then(|i| {
+            i.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                .ok()
+        })
+        .and_then(|c| c.first().and_then(|c| Fingerprint::of_cert(c).ok()));
+    let (send, recv) = conn.accept_bi().await.map_err(conn_error)?;
+    Ok((carrier(conn, None, send, recv, peer), fp))
+}
+
+/// Client side: a connection to `addr` from its own UDP socket, and the
+/// stream the session runs over.
+pub async fn dial(
+    addr: &str,
+    tls: Arc<rustls::ClientConfig>,
+    congestion: Option<&str>,
+    bind: Option<std::net::IpAddr>,
+    instance: Option<&str>,
+    peer: String,
+) -> io::Result<Carrier> {
+    let mut to = tokio::net::lookup_host(addr).await?;
+    let to = match bind {
+        Some(local) => to.find(|a| a.is_ipv4() == local.is_ipv4()),
+        None => to.next(),
+    }
+    .ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::AddrNotAvailable,
+            format!("{addr}: no address"),
+        )
+    })?;
+    let local = match (bind, to) {
+        (Some(ip), _) => SocketAddr::new(ip, 0),
+        (None, SocketAddr::V4(_)) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        (None, SocketAddr::V6(_)) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let crypto = QuicClientConfig::try_from(tls).map_err(tls_error)?;
+    let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+    cfg.transport_config(transport(congestion, false));
+    let endpoint = Endpoint::new(
+        quinn::EndpointConfig::default(),
+        None,
+        udp_socket(local)?,
+        Arc::new(quinn::TokioRuntime),
+    )?;
+    let name = instance
+        .filter(|n| rustls::pki_types::ServerName::try_from(*n).is_ok())
+        .unwrap_or(DEFAULT_NAME);
+    let conn = endpoint
+        .connect_with(cfg, to, name)
+        .map_err(conn_error)?
+        .await
+        .map_err(conn_error)?;
+    let (send, recv) = conn.open_bi().await.map_err(conn_error)?;
+    Ok(carrier(conn, Some(endpoint), send, recv, peer))
+}
+
+fn carrier(
+    conn: Connection,
+    endpoint: Option<Endpoint>,
+    send: SendStream,
+    recv: RecvStream,
+    peer: String,
+) -> Carrier {
+    let mut binding = [0u8; 32];
+    let binding = conn
+        .export_keying_material(&mut binding, crate::tls::BINDING_LABEL, b"")
+        .ok()
+        .map(|_| binding);
+    Carrier {
+        reader: Box::new(recv),
+        writer: Box::new(QuicWriter {
+            send: Some(send),
+            conn: conn.clone(),
+            _endpoint: endpoint,
+        }),
+        probe: Some(Box::new(QuicProbe(conn))),
+        urgent: None,
+        urgent_flag: None,
+        peer,
+        binding,
+    }
+}
+
+/// The write half; once dropped, the stream is finished and the
+/// connection lingers ([`LINGER`] at most) until the peer acknowledged
+/// what was written, then closes.
+struct QuicWriter {
+    send: Option<SendStream>,
+    conn: Connection,
+    /// A client's endpoint (its UDP socket) lives as long as its carrier.
+    _endpoint: Option<Endpoint>,
+}
+
+impl QuicWriter {
+    fn send(&mut self) -> Pin<&mut SendStream> {
+        Pin::new(self.send.as_mut().expect("taken only on drop"))
+    }
+}
+
+impl AsyncWrite for QuicWriter {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        AsyncWrite::poll_write(self.get_mut().send(), cx, b)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        AsyncWrite::poll_flush(self.get_mut().send(), cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        AsyncWrite::poll_shutdown(self.get_mut().send(), cx)
+    }
+}
+
+impl Drop for QuicWriter {
+    fn drop(&mut self) {
+        let Some(mut send) = self.send.take() else {
+            return;
+        };
+        let conn = self.conn.clone();
+        let endpoint = self._endpoint.take();
+        let linger = async move {
+            let _ = send.finish();
+            let _ = tokio::time::timeout(LINGER, send.stopped()).await;
+            conn.close(VarInt::from_u32(0), b"carrier closed");
+            drop(endpoint);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn(linger)),
+            Err(_) => self.conn.close(VarInt::from_u32(0), b"carrier closed"),
+        }
+    }
+}
+
+/// Reads the RTT off the connection; opens its window once the client
+/// authenticated.
+struct QuicProbe(Connection);
+
+impl PathProbe for QuicProbe {
+    fn rtt(&self) -> Option<Duration> {
+        Some(self.0.rtt())
+    }
+    fn admitted(&self) {
+        self.0
+            .set_receive_window(VarInt::from_u32(CONNECTION_WINDOW));
+    }
+}
