@@ -55,6 +55,11 @@ const SOCKET_BUFFER: usize = 8 * 1024 * 1024;
 /// After the session lets go of a carrier, its connection stays this
 /// long at most for the last bytes written to be delivered.
 const LINGER: Duration = Duration::from_secs(2);
+/// A server that sends nothing back over UDP within this long is taken as
+/// out of reach that way (UDP blocked on the path), so that a client with
+/// a `--failover tls://…` moves on soon. Three tries of the first packet
+/// (1 s, then 2 s apart) fit in it.
+pub const FIRST_ANSWER: Duration = Duration::from_secs(3);
 /// The server name sent when there is no instance to name (names are not
 /// checked: keys are pinned).
 const DEFAULT_NAME: &str = "longhaul";
@@ -218,11 +223,16 @@ pub async fn dial(
     let name = instance
         .filter(|n| rustls::pki_types::ServerName::try_from(*n).is_ok())
         .unwrap_or(DEFAULT_NAME);
-    let conn = endpoint
-        .connect_with(cfg, to, name)
-        .map_err(conn_error)?
-        .await
-        .map_err(conn_error)?;
+    let connecting = endpoint.connect_with(cfg, to, name).map_err(conn_error)?;
+    let conn = match tokio::time::timeout(FIRST_ANSWER, connecting).await {
+        Ok(c) => c.map_err(conn_error)?,
+        Err(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{peer}: no answer over UDP within {FIRST_ANSWER:?} (UDP blocked on the way? add --failover tls://…)"),
+            ))
+        }
+    };
     let (send, recv) = conn.open_bi().await.map_err(conn_error)?;
     Ok(carrier(conn, Some(endpoint), send, recv, peer))
 }

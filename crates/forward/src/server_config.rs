@@ -140,6 +140,11 @@ impl ServerConfig {
         if self.auth.token.is_some() && self.session.mode == longhaul_session::Mode::Jmux {
             return Err("--token needs longhaul's own protocol; in --jmux mode authenticate with --authorized-keys".into());
         }
+        if self.session.mode == longhaul_session::Mode::Jmux {
+            if let Some(l) = self.listen.iter().find(|l| l.transport == Transport::Quic) {
+                return Err(format!("{l}: JMUX peers speak over TCP, TLS or WebSocket, not QUIC; listen on tls:// or tcp:// with --jmux"));
+            }
+        }
         Ok(())
     }
 }

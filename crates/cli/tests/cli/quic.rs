@@ -304,3 +304,74 @@ fn a_client_whose_address_changes_keeps_its_session_and_a_dead_connection_resume
     echo_bulk(&s, 1 << 20, 4);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn where_udp_is_blocked_a_client_falls_back_to_tls_soon_and_says_so() {
+    let dir = tmpdir("quic-fallback");
+    let tport = echo_target();
+    let tls_port = free_port();
+    let listen_tls = format!("tls://127.0.0.1:{tls_port}");
+    let (_server, _, pin) = server(
+        &dir,
+        &[format!("127.0.0.1:{tport}")],
+        &["--listen", &listen_tls],
+    );
+    // UDP to this port goes nowhere: a socket that never answers.
+    let blocked = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let local = free_port();
+    let started = std::time::Instant::now();
+    let _client = client(
+        &dir,
+        blocked.local_addr().unwrap().port(),
+        &pin,
+        &[format!("127.0.0.1:{local}:127.0.0.1:{tport}")],
+        &["--failover", &listen_tls],
+    );
+    wait_port(local);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(8),
+        "fell back only after {took:?}"
+    );
+    let text = std::fs::read_to_string(dir.join("client.log")).unwrap();
+    assert!(text.contains("no answer over UDP"), "{text}");
+    assert!(text.contains(&format!("trying {listen_tls}")), "{text}");
+    assert!(
+        text.contains(&format!("session with {listen_tls} up")),
+        "{text}"
+    );
+    let s = TcpStream::connect(("127.0.0.1", local)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    echo_bulk(&s, 1 << 20, 5);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn jmux_mode_refuses_quic_in_one_line() {
+    for args in [
+        &[
+            "client",
+            "quic://127.0.0.1:1",
+            "--jmux",
+            "--insecure",
+            "-L",
+            "1:a:1",
+        ][..],
+        &[
+            "server",
+            "--listen",
+            "quic://127.0.0.1:1",
+            "--jmux",
+            "--insecure",
+        ][..],
+    ] {
+        let out = std::process::Command::new(BIN).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} started");
+        let line = err.lines().last().unwrap_or_default();
+        assert!(
+            line.contains("not QUIC") && line.contains("tls://"),
+            "{err}"
+        );
+    }
+}
