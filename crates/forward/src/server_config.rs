@@ -108,6 +108,11 @@ impl ServerConfig {
 
     /// Refuses settings that would expose an open relay by accident.
     pub fn check(&self) -> Result<(), String> {
+        if self.session.mode == longhaul_session::Mode::Jmux {
+            if let Some(l) = self.listen.iter().find(|l| l.transport == Transport::Quic) {
+                return Err(format!("{l}: JMUX peers speak over TCP, TLS or WebSocket, not QUIC; listen on tls:// or tcp:// with --jmux"));
+            }
+        }
         for l in &self.listen {
             if matches!(l.transport, Transport::Tcp) && !self.auth.insecure {
                 return Err(format!(
@@ -139,11 +144,6 @@ impl ServerConfig {
         }
         if self.auth.token.is_some() && self.session.mode == longhaul_session::Mode::Jmux {
             return Err("--token needs longhaul's own protocol; in --jmux mode authenticate with --authorized-keys".into());
-        }
-        if self.session.mode == longhaul_session::Mode::Jmux {
-            if let Some(l) = self.listen.iter().find(|l| l.transport == Transport::Quic) {
-                return Err(format!("{l}: JMUX peers speak over TCP, TLS or WebSocket, not QUIC; listen on tls:// or tcp:// with --jmux"));
-            }
         }
         Ok(())
     }
