@@ -13,8 +13,8 @@
 //!
 //! Bounds: a client opens one stream and the server none; before the
 //! client authenticates, the server lets it send at most
-//! [`UNAUTHENTICATED_WINDOW`] (then [`CONNECTION_WINDOW`]); datagrams are
-//! refused until a session asks for them.
+//! [`UNAUTHENTICATED_WINDOW`] unread (then [`CONNECTION_WINDOW`]); QUIC
+//! datagrams are refused (UDP flows travel in the stream for now).
 
 use std::io;
 use std::net::SocketAddr;
@@ -94,14 +94,16 @@ fn transport(congestion: Option<&str>, server: bool) -> Arc<quinn::TransportConf
 
 /// A UDP socket with buffers for a fast path; says once which setting to
 /// raise when the system caps them.
-fn udp_socket(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+fn udp_socket(addr: SocketAddr, server: bool) -> io::Result<std::net::UdpSocket> {
     let s = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::DGRAM,
         Some(socket2::Protocol::UDP),
     )?;
     if addr.is_ipv6() {
-        let _ = s.set_only_v6(false);
+        // A listener on `[::]` takes IPv6 only, as TCP listeners do (bind
+        // 0.0.0.0 as well for both); a client's socket reaches either.
+        let _ = s.set_only_v6(server);
     }
     let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
     let _ = s.set_send_buffer_size(SOCKET_BUFFER);
@@ -150,7 +152,7 @@ impl QuicListener {
         let endpoint = Endpoint::new(
             quinn::EndpointConfig::default(),
             Some(cfg),
-            udp_socket(addr)?,
+            udp_socket(addr, true)?,
             Arc::new(quinn::TokioRuntime),
         )?;
         Ok(QuicListener { endpoint })
@@ -182,7 +184,7 @@ pub async fn accept(incoming: quinn::Incoming) -> io::Result<(Carrier, Option<Fi
         })
         .and_then(|c| c.first().and_then(|c| Fingerprint::of_cert(c).ok()));
     let (send, recv) = conn.accept_bi().await.map_err(conn_error)?;
-    Ok((carrier(conn, None, send, recv, peer), fp))
+    Ok((carrier(conn, None, send, recv, peer, false), fp))
 }
 
 /// Client side: a connection to `addr` from its own UDP socket, and the
@@ -217,7 +219,7 @@ pub async fn dial(
     let endpoint = Endpoint::new(
         quinn::EndpointConfig::default(),
         None,
-        udp_socket(local)?,
+        udp_socket(local, false)?,
         Arc::new(quinn::TokioRuntime),
     )?;
     let name = instance
@@ -234,7 +236,7 @@ pub async fn dial(
         }
     };
     let (send, recv) = conn.open_bi().await.map_err(conn_error)?;
-    Ok(carrier(conn, Some(endpoint), send, recv, peer))
+    Ok(carrier(conn, Some(endpoint), send, recv, peer, true))
 }
 
 fn carrier(
@@ -243,7 +245,9 @@ fn carrier(
     send: SendStream,
     recv: RecvStream,
     peer: String,
+    admitted: bool,
 ) -> Carrier {
+    let admitted = Arc::new(std::sync::atomic::AtomicBool::new(admitted));
     let mut binding = [0u8; 32];
     let binding = conn
         .export_keying_material(&mut binding, crate::tls::BINDING_LABEL, b"")
@@ -255,8 +259,9 @@ fn carrier(
             send: Some(send),
             conn: conn.clone(),
             _endpoint: endpoint,
+            admitted: admitted.clone(),
         }),
-        probe: Some(Box::new(QuicProbe(conn))),
+        probe: Some(Box::new(QuicProbe { conn, admitted })),
         urgent: None,
         urgent_flag: None,
         peer,
@@ -272,6 +277,9 @@ struct QuicWriter {
     conn: Connection,
     /// A client's endpoint (its UDP socket) lives as long as its carrier.
     _endpoint: Option<Endpoint>,
+    /// Only a carrier whose client was let in lingers: one refused or
+    /// timed out closes at once, so that dropped handshakes hold nothing.
+    admitted: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl QuicWriter {
@@ -297,6 +305,9 @@ impl Drop for QuicWriter {
         let Some(mut send) = self.send.take() else {
             return;
         };
+        if !self.admitted.load(std::sync::atomic::Ordering::Relaxed) {
+            return self.conn.close(VarInt::from_u32(0), b"refused");
+        }
         let conn = self.conn.clone();
         let endpoint = self._endpoint.take();
         let linger = async move {
@@ -314,14 +325,19 @@ impl Drop for QuicWriter {
 
 /// Reads the RTT off the connection; opens its window once the client
 /// authenticated.
-struct QuicProbe(Connection);
+struct QuicProbe {
+    conn: Connection,
+    admitted: Arc<std::sync::atomic::AtomicBool>,
+}
 
 impl PathProbe for QuicProbe {
     fn rtt(&self) -> Option<Duration> {
-        Some(self.0.rtt())
+        Some(self.conn.rtt())
     }
     fn admitted(&self) {
-        self.0
+        self.admitted
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.conn
             .set_receive_window(VarInt::from_u32(CONNECTION_WINDOW));
     }
 }

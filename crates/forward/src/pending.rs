@@ -79,11 +79,15 @@ impl Pending {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether a quarter of the table is taken: then a QUIC client's
-    /// address is checked (a Retry) before its handshake takes a place,
-    /// so that packets with forged sources cannot fill it.
-    pub fn busy(&self) -> bool {
-        self.lock().entries.len() >= self.total.div_ceil(4)
+    /// Whether a quarter of the table, or half of `source`'s share, is
+    /// taken: then a QUIC client's address is checked (a Retry) before its
+    /// handshake takes a place, so that packets with forged sources can
+    /// neither fill the table nor push out one address's real handshakes
+    /// (under the per-address cap the table never reaches a quarter).
+    pub fn busy(&self, source: IpAddr) -> bool {
+        let t = self.lock();
+        t.entries.len() >= self.total.div_ceil(4)
+            || t.by_source.get(&source).copied().unwrap_or(0) >= self.per_source.div_ceil(2)
     }
 
     /// Admits a new handshake from `source` (None: not counted per source,

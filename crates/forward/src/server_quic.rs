@@ -8,13 +8,14 @@ use crate::server::{Gate, Serving};
 use crate::server_config::Ends;
 
 /// Accepts QUIC connections until the endpoint closes. Under load (a
-/// quarter of the handshake table taken) a client's address is checked
-/// first with a Retry: packets with forged sources then cost one stateless
+/// quarter of the handshake table taken, or half of one address's share)
+/// a client's address is checked first with a Retry: packets with forged sources then cost one stateless
 /// reply each and take no place. A client counts per address, as on TCP.
 pub(crate) async fn accept_loop(listener: QuicListener, url: ListenUrl, serving: Serving) {
     let local = listener.local_addr().ok();
     while let Some(incoming) = listener.accept().await {
-        if !incoming.remote_address_validated() && serving.pending().busy() {
+        let source = crate::pending::source_of(incoming.remote_address().ip());
+        if !incoming.remote_address_validated() && serving.pending().busy(source) {
             // A Retry can fail only for a packet that already carried a
             // token; such a client is simply not answered.
             if let Err(e) = incoming.retry() {
@@ -27,9 +28,7 @@ pub(crate) async fn accept_loop(listener: QuicListener, url: ListenUrl, serving:
             client: from,
             local,
         });
-        let ticket = serving
-            .pending()
-            .admit(Some(crate::pending::source_of(from.ip())));
+        let ticket = serving.pending().admit(Some(source));
         let serving = serving.clone();
         tokio::spawn(async move {
             let setup = longhaul_carrier::quic::accept(incoming);

@@ -213,9 +213,20 @@ fn tcp_bytes_and_udp_datagrams_cross_quic_intact_and_a_wrong_pin_is_refused() {
         let msg = format!("datagram {i} {}", "x".repeat(i as usize * 20));
         let _ = u.send(msg.as_bytes());
         let mut buf = [0u8; 2048];
-        if let Ok(n) = u.recv(&mut buf) {
-            assert_eq!(&buf[..n], msg.as_bytes(), "a datagram came back changed");
-            got += 1;
+        // A late echo of an earlier datagram is skipped, not taken for
+        // this one's.
+        while let Ok(n) = u.recv(&mut buf) {
+            let back = String::from_utf8_lossy(&buf[..n]).to_string();
+            let number = back.split(' ').nth(1).and_then(|n| n.parse::<u32>().ok());
+            let Some(number) = number else {
+                panic!("a datagram came back changed: {back:?}");
+            };
+            let expected = format!("datagram {number} {}", "x".repeat(number as usize * 20));
+            assert_eq!(back, expected, "a datagram came back changed");
+            if number == i {
+                got += 1;
+                break;
+            }
         }
     }
     assert!(got >= 45, "only {got} of 50 datagrams came back");
@@ -330,7 +341,8 @@ fn where_udp_is_blocked_a_client_falls_back_to_tls_soon_and_says_so() {
     wait_port(local);
     let took = started.elapsed();
     assert!(
-        took < Duration::from_secs(8),
+        // Before the 10 s handshake timeout would have ended the QUIC try.
+        took < Duration::from_secs(9),
         "fell back only after {took:?}"
     );
     let text = std::fs::read_to_string(dir.join("client.log")).unwrap();
