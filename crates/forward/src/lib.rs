@@ -31,7 +31,6 @@ pub mod rules;
 pub mod server;
 mod server_acceptor;
 mod server_config;
-mod server_quic;
 mod server_session;
 mod sessions;
 pub mod socks5;

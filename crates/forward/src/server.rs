@@ -215,11 +215,7 @@ impl Server {
             tasks.spawn(accept_loop(listener, url, tls, serving.clone()));
         }
         for (listener, url) in self.quic {
-            tasks.spawn(crate::server_quic::accept_loop(
-                listener,
-                url,
-                serving.clone(),
-            ));
+            tasks.spawn(quic_accept_loop(listener, url, serving.clone()));
         }
         tokio::select! {
             _ = async { while tasks.join_next().await.is_some() {} } => return,
@@ -271,11 +267,6 @@ pub(crate) struct Serving {
 }
 
 impl Serving {
-    /// The table of handshakes not finished yet.
-    pub(crate) fn pending(&self) -> &Arc<Pending> {
-        &self.pending
-    }
-
     /// A slot under `--max-sessions` for a new carrier, or a log line.
     pub(crate) fn slot(
         &self,
@@ -295,7 +286,7 @@ impl Serving {
     /// or part of one — a pending ticket (which a flood may take away; a
     /// new session takes a slot under `--max-sessions` before the ticket
     /// goes, a resume or a lane none), or a slot it already holds.
-    pub(crate) async fn handshake_and_serve(
+    async fn handshake_and_serve(
         self,
         from: String,
         ends: Option<Ends>,
@@ -434,7 +425,7 @@ fn is_unheard(e: &std::io::Error) -> bool {
 }
 
 /// Where a carrier waits while it authenticates.
-pub(crate) enum Gate {
+enum Gate {
     /// In the pending table; a session slot is taken after.
     Pending(crate::pending::Ticket),
     /// Already holding a session slot.
@@ -498,6 +489,44 @@ async fn accept_loop(
                 .await;
         });
     }
+}
+
+/// A `quic://` listener: each client's first packet becomes a pending
+/// handshake, as a TCP connection does, counted per address. Under load
+/// (a quarter of the handshake table taken, or half of one address's
+/// share) a client's address is checked first with a Retry: packets with
+/// forged sources then cost one stateless reply each and take no place.
+async fn quic_accept_loop(
+    listener: longhaul_carrier::quic::QuicListener,
+    url: ListenUrl,
+    serving: Serving,
+) {
+    let local = listener.local_addr().ok();
+    while let Some(incoming) = listener.accept().await {
+        let source = crate::pending::source_of(incoming.remote_address().ip());
+        if !incoming.remote_address_validated() && serving.pending.busy(source) {
+            // A Retry can fail only for a packet that already carried a
+            // token; such a client is simply not answered.
+            if let Err(e) = incoming.retry() {
+                e.into_incoming().ignore();
+            }
+            continue;
+        }
+        let from = incoming.remote_address();
+        let ends = local.map(|local| Ends {
+            client: from,
+            local,
+        });
+        let ticket = serving.pending.admit(Some(source));
+        let serving = serving.clone();
+        tokio::spawn(async move {
+            let setup = longhaul_carrier::quic::accept(incoming);
+            serving
+                .handshake_and_serve(from.to_string(), ends, setup, Gate::Pending(ticket))
+                .await;
+        });
+    }
+    tracing::warn!("{url}: the QUIC endpoint closed");
 }
 
 /// Serves the carriers clients open in a shared directory.
