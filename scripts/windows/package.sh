@@ -6,17 +6,23 @@
 # before it is zipped.
 #
 #   scripts/windows/package.sh            # release build (slow: builds std)
-#   PROFILE=debug scripts/windows/package.sh   # the debug build CI tests
+#   PROFILE=debug scripts/windows/package.sh   # a debug build
+#   PROFILE=test scripts/windows/package.sh    # CI: the test build's profile,
+#                                              # reusing what the tests built
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 profile="${PROFILE:-release}"
 source scripts/windows/env.sh
 WINEPREFIX="$(bash scripts/windows/wine_prefix.sh)"
 export WINEPREFIX
-flags=()
-[ "$profile" = release ] && flags=(--release)
+# Cargo's profile names and the folders they build into.
+case "$profile" in
+release) flags=(--release) dir=release ;;
+test) flags=(--profile test) dir=debug ;;
+*) flags=() dir=debug ;;
+esac
 /usr/bin/cargo build --locked -p longhaul "${flags[@]}" "${LONGHAUL_WINDOWS_TARGET[@]}"
-exe="target/windows/x86_64-pc-windows-gnu/$profile/longhaul.exe"
+exe="target/windows/x86_64-pc-windows-gnu/$dir/longhaul.exe"
 version="$(WINEDEBUG=-all wine "$exe" --version | tr -d '\r')"
 case "$version" in
     *x86_64-pc-windows-gnu*) ;;

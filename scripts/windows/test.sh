@@ -18,6 +18,7 @@ crates=(-p longhaul-proto -p longhaul-carrier -p longhaul-session)
 /usr/bin/cargo clippy --workspace "${LONGHAUL_WINDOWS_TARGET[@]}" -- -D warnings
 /usr/bin/cargo clippy "${crates[@]}" --all-targets "${LONGHAUL_WINDOWS_TARGET[@]}" -- -D warnings
 /usr/bin/cargo test "${crates[@]}" "${LONGHAUL_WINDOWS_TARGET[@]}" "$@"
-# The debug build, zipped as a release would be (--version names the target).
-PROFILE=debug bash scripts/windows/package.sh
+# The test profile's build (its dependencies are the ones the tests just
+# built), zipped as a release would be (--version names the target).
+PROFILE=test bash scripts/windows/package.sh
 python3 scripts/windows/interop.py "$linux" target/windows/x86_64-pc-windows-gnu/debug/longhaul.exe

@@ -488,6 +488,9 @@ async fn datagrams_beside_a_bad_lane(bad: BadLane) {
     // taking its share.)
     let late_lost = (75..150).filter(|k| !back.contains_key(k)).count();
     assert!(late_lost <= 3, "{late_lost} of the last 75 datagrams lost");
-    assert!(p90 < Duration::from_millis(100), "p90 round trip {p90:?}");
+    // A datagram that waited for the bad lane would come after its stall
+    // (STALL_MIN, 250 ms, at the least); beside a bulk upload on a loaded
+    // 2-core CI machine, good lanes' queues alone measured 112 ms.
+    assert!(p90 < Duration::from_millis(200), "p90 round trip {p90:?}");
     assert!(!client.session().is_closed());
 }
