@@ -257,6 +257,7 @@ fn spawn_command(command: &str) -> io::Result<Carrier> {
         probe: None,
         urgent: None,
         urgent_flag: None,
+        datagrams: None,
         peer: format!("cmd://{command}"),
         binding: None,
     })
@@ -270,6 +271,7 @@ pub fn stdio() -> Carrier {
         probe: None,
         urgent: None,
         urgent_flag: None,
+        datagrams: None,
         peer: "stdio".into(),
         binding: None,
     }

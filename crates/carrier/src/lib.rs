@@ -123,6 +123,10 @@ pub struct Carrier {
     /// What ties an attach proof to this carrier (its TLS exporter value),
     /// when TLS runs over it.
     pub binding: Option<[u8; 32]>,
+    /// Messages beside the byte stream that are never retransmitted or
+    /// ordered (QUIC DATAGRAM frames), when the carrier and its peer have
+    /// them: UDP flows go there instead of waiting behind lost bytes.
+    pub datagrams: Option<quic::DatagramPath>,
 }
 
 struct TcpUrgent(std::sync::Arc<socket2::Socket>);
@@ -232,6 +236,7 @@ impl Carrier {
             urgent_flag,
             peer,
             binding: None,
+            datagrams: None,
         }
     }
 
@@ -251,6 +256,7 @@ impl Carrier {
             probe: None,
             urgent: None,
             urgent_flag: None,
+            datagrams: None,
             peer,
             binding: None,
         }
@@ -273,6 +279,7 @@ impl Carrier {
             reader: Box::new(r),
             writer: Box::new(fill::Filler::new(w, flag.clone(), floor.clone())?),
             urgent_flag: Some(flag),
+            datagrams: None,
             probe: Some(Box::new(TcpProbe {
                 sock,
                 lowat: CARRIER_NOTSENT_LOWAT.into(),

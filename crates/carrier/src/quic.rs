@@ -13,8 +13,13 @@
 //!
 //! Bounds: a client opens one stream and the server none; before the
 //! client authenticates, the server lets it send at most
-//! [`UNAUTHENTICATED_WINDOW`] unread (then [`CONNECTION_WINDOW`]); QUIC
-//! datagrams are refused (UDP flows travel in the stream for now).
+//! [`UNAUTHENTICATED_WINDOW`] unread (then [`CONNECTION_WINDOW`]).
+//!
+//! UDP flows go as QUIC datagrams (RFC 9221, [`DatagramPath`]) when both
+//! ends offer them: never retransmitted, so a voice packet never waits
+//! behind a lost segment of a bulk transfer in the stream. quinn puts
+//! queued datagrams in each packet ahead of stream data; they share the
+//! connection's congestion window.
 
 use std::io;
 use std::net::SocketAddr;
@@ -60,6 +65,14 @@ const LINGER: Duration = Duration::from_secs(2);
 /// a `--failover tls://…` moves on soon. Three tries of the first packet
 /// (1 s, then 2 s apart) fit in it.
 pub const FIRST_ANSWER: Duration = Duration::from_secs(3);
+/// Bytes of datagrams received and not yet read that a connection holds
+/// (past it the oldest are dropped): also all an unauthenticated client
+/// can make the server hold in them, beside [`UNAUTHENTICATED_WINDOW`].
+pub const DATAGRAM_RECEIVE_BUFFER: usize = 64 * 1024;
+/// Bytes of datagrams queued to send (past it the oldest are dropped):
+/// the session's own queue (`DATAGRAM_QUEUE` in the protocol crate, as
+/// large) holds them until the carrier takes them.
+pub const DATAGRAM_SEND_BUFFER: usize = 256 * 1024;
 /// The server name sent when there is no instance to name (names are not
 /// checked: keys are pinned).
 const DEFAULT_NAME: &str = "longhaul";
@@ -75,7 +88,8 @@ fn transport(congestion: Option<&str>, server: bool) -> Arc<quinn::TransportConf
             false => CONNECTION_WINDOW,
         }))
         .send_window(STREAM_WINDOW as u64)
-        .datagram_receive_buffer_size(None)
+        .datagram_receive_buffer_size(Some(DATAGRAM_RECEIVE_BUFFER))
+        .datagram_send_buffer_size(DATAGRAM_SEND_BUFFER)
         .max_idle_timeout(Some(IDLE_TIMEOUT.try_into().expect("in range")))
         .keep_alive_interval(Some(KEEP_ALIVE));
     match congestion {
@@ -253,6 +267,10 @@ fn carrier(
         .export_keying_material(&mut binding, crate::tls::BINDING_LABEL, b"")
         .ok()
         .map(|_| binding);
+    // Only when the peer takes datagrams (an older one does not).
+    let datagrams = conn
+        .max_datagram_size()
+        .map(|_| DatagramPath { conn: conn.clone() });
     Carrier {
         reader: Box::new(recv),
         writer: Box::new(QuicWriter {
@@ -266,6 +284,33 @@ fn carrier(
         urgent_flag: None,
         peer,
         binding,
+        datagrams,
+    }
+}
+
+/// A QUIC connection's datagrams: each message arrives whole or not at
+/// all, in any order, and is never sent twice.
+#[derive(Clone)]
+pub struct DatagramPath {
+    conn: Connection,
+}
+
+impl DatagramPath {
+    /// The largest message the path carries now: it follows the path's
+    /// MTU as QUIC discovers it (about 1 200–1 400 bytes on the Internet).
+    pub fn max_size(&self) -> usize {
+        self.conn.max_datagram_size().unwrap_or(0)
+    }
+
+    /// Queues one message (at most [`DatagramPath::max_size`] bytes);
+    /// `false` when it was not (too large now, or the connection is gone).
+    pub fn send(&self, msg: bytes::Bytes) -> bool {
+        self.conn.send_datagram(msg).is_ok()
+    }
+
+    /// The next message received; `None` once the connection is closed.
+    pub async fn recv(&self) -> Option<bytes::Bytes> {
+        self.conn.read_datagram().await.ok()
     }
 }
 

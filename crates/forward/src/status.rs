@@ -166,6 +166,8 @@ pub(crate) fn snapshot(role: &str, started: Instant, metrics: &Metrics, most: us
                     "sent": s.datagrams.sent,
                     "received": s.datagrams.received,
                     "dropped": s.datagrams.dropped,
+                    "path_sent": s.datagrams.path_sent,
+                    "path_received": s.datagrams.path_received,
                 },
                 "streams": streams,
             })
@@ -236,8 +238,17 @@ pub fn human(v: &Value) -> String {
             },
             match &s["datagrams"] {
                 d if num(&d["sent"]) + num(&d["received"]) + num(&d["dropped"]) > 0.0 => format!(
-                    "  datagrams sent {} received {} dropped {}",
-                    d["sent"], d["received"], d["dropped"]
+                    "  datagrams sent {} received {} dropped {}{}",
+                    d["sent"],
+                    d["received"],
+                    d["dropped"],
+                    match num(&d["path_sent"]) + num(&d["path_received"]) > 0.0 {
+                        true => format!(
+                            " (as QUIC datagrams: sent {} received {})",
+                            d["path_sent"], d["path_received"]
+                        ),
+                        false => String::new(),
+                    }
                 ),
                 _ => String::new(),
             }

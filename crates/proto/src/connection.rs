@@ -586,6 +586,9 @@ impl Connection {
     }
 }
 
+#[path = "connection_datagrams.rs"]
+mod datagrams;
+
 #[cfg(test)]
 #[path = "connection_tests.rs"]
 mod tests;

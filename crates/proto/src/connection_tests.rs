@@ -332,3 +332,40 @@ fn a_detached_session_expires_at_its_resume_timeout() {
     c.handle_timeout(10_000 * S);
     assert!(c.mux().dead().is_none() && !c.is_over(10_000 * S));
 }
+
+/// A datagram path's message is one whole DATAGRAM frame, handed on and
+/// neither counted nor recorded; a message from a carrier no longer
+/// current is refused; anything else on the path (another frame, a frame
+/// with bytes after it, garbage) ends the session.
+#[test]
+fn the_datagram_path_takes_one_whole_datagram_frame_per_message() {
+    let (mut a, ia) = resumable();
+    let (mut b, ib) = resumable();
+    let (flow, theirs) = open_flow(&mut a, ia, &mut b, ib);
+    a.use_datagram_path(true);
+    a.mux_mut()
+        .send_datagram(flow, Bytes::from_static(b"voice"))
+        .unwrap();
+    assert!(transmit(&mut a, ia).is_empty(), "in the byte stream");
+    let msg = a.pop_path_datagram(1200).unwrap();
+    let received = b.link().unwrap().received();
+    let r = b.on_path_datagram(ib, msg.clone(), 0);
+    assert_eq!(r, Received::Taken { wake: false });
+    assert_eq!(
+        datagram_event(&mut b),
+        Some((theirs, Bytes::from_static(b"voice")))
+    );
+    assert_eq!(b.link().unwrap().received(), received, "counted");
+    assert_eq!(b.mux().datagram_stats().path_received, 1);
+
+    let stale = ib + 1;
+    assert_eq!(b.on_path_datagram(stale, msg.clone(), 0), Received::Stale);
+    let ping = Frame::Ping { nonce: 1 }.to_bytes().unwrap();
+    let mut two = BytesMut::from(&msg[..]);
+    two.extend_from_slice(&msg);
+    for bad in [ping, two.freeze(), Bytes::from_static(&[0xff; 9])] {
+        let (mut c, ic) = resumable();
+        assert_eq!(c.on_path_datagram(ic, bad, 0), Received::Ended);
+        assert!(c.mux().dead().is_some());
+    }
+}

@@ -121,6 +121,15 @@ impl OutFrame {
         [head, self.body].into_iter().filter(|b| !b.is_empty())
     }
 
+    /// The frame's bytes in one buffer (a copy): one message on a
+    /// carrier's datagram path.
+    pub fn to_message(&self) -> Bytes {
+        let mut m = bytes::BytesMut::with_capacity(self.remaining());
+        m.extend_from_slice(self.head());
+        m.extend_from_slice(&self.body);
+        m.freeze()
+    }
+
     /// Cuts the first `n` payload bytes of a DATA frame not yet started
     /// into a frame of their own (each part gets its own header; the
     /// payload is shared, not copied): how a striped session fits a large

@@ -148,6 +148,7 @@ fn duplex_carrier() -> (Carrier, tokio::io::DuplexStream) {
         probe: None,
         urgent: None,
         urgent_flag: None,
+        datagrams: None,
         binding: None,
         peer: "fuzz".into(),
     };

@@ -22,7 +22,7 @@ use longhaul_proto::link::{CarrierId, LinkLayer, Lost, DEFAULT_REPLAY_LIMIT};
 use longhaul_proto::outframe::OutFrame;
 use tokio::sync::Notify;
 
-use crate::reader::carrier_reader;
+use crate::reader::{carrier_reader, datagram_reader};
 use crate::runtime::{Shared, State};
 use crate::tasks::{CarrierSlot, STOP_GRACE};
 use crate::writer::carrier_writer;
@@ -136,6 +136,16 @@ impl Shared {
             resend,
         )));
         slot.stop = Some(stop);
+        // UDP flows' datagrams go on the carrier's datagram path if it has
+        // one, else in the byte stream.
+        slot.forget_datagrams();
+        if let Some(path) = carrier.datagrams {
+            let reader = datagram_reader(self.clone(), path.clone(), id);
+            slot.datagram_reader = Some(self.spawn(reader));
+            slot.datagrams = Some(path);
+        }
+        let on = slot.datagrams.is_some();
+        st.conn_mut().use_datagram_path(on);
         // Under the session lock, so that a failure of this very carrier
         // (which takes the lock) is published after this, never before.
         self.detached_tx.send_replace(false);
@@ -182,6 +192,7 @@ impl Shared {
                     self.retire_lane(slot, id);
                 } else {
                     slot.probe = None;
+                    slot.forget_datagrams();
                     if let Some(r) = &slot.reader {
                         r.abort();
                     }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use longhaul_carrier::cushion::PAUSED;
+use longhaul_carrier::quic::DatagramPath;
 use longhaul_carrier::BoxRead;
 #[cfg(test)]
 use longhaul_proto::connection::MAX_PINNED_CHUNKS;
@@ -142,6 +143,19 @@ enum Batch {
 /// Hands every whole frame in `buf` to the connection, which refuses it
 /// all if carrier `id` is no longer current and counts what it hands on
 /// in the same call; then starts the work the frames asked for.
+/// Reads carrier `id`'s datagram path: each message is one DATAGRAM
+/// frame of a UDP flow. Ends with the path (the carrier's reader reports
+/// why) or once the carrier is no longer current.
+pub(crate) async fn datagram_reader(shared: Arc<Shared>, path: DatagramPath, id: CarrierId) {
+    while let Some(msg) = path.recv().await {
+        let (r, _) = shared.input(|c, now| c.on_path_datagram(id, msg, now));
+        match r {
+            Received::Taken { .. } => shared.moves_again(),
+            Received::Stale | Received::Ended => return,
+        }
+    }
+}
+
 fn decode_batch(shared: &Arc<Shared>, buf: &mut BytesMut, may_slice: bool, id: CarrierId) -> Batch {
     let mut data = false;
     let (r, work) = shared.input(|c, now| {

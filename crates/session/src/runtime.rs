@@ -186,6 +186,25 @@ pub(crate) struct Shared {
     driver: Driver,
 }
 
+/// Hands the datagrams queued for the carrier's datagram path to it (see
+/// `CarrierSlot::datagrams`): at once, whatever the byte stream's writer
+/// is waiting for. One too large for the path now goes in the stream; one
+/// the path refuses is counted as dropped.
+fn send_path_datagrams(st: &mut State) {
+    let Some(path) = &st.slot.datagrams else {
+        return;
+    };
+    if !st.conn.mux().has_datagrams() {
+        return;
+    }
+    let max = path.max_size();
+    while let Some(m) = st.conn.pop_path_datagram(max) {
+        if !path.send(m) {
+            st.conn.mux_mut().datagram_not_sent();
+        }
+    }
+}
+
 fn refused(r: Refused) -> OpenRefused {
     OpenRefused {
         reason: r.reason,
@@ -317,7 +336,10 @@ impl Shared {
             st.binds.clear();
             self.closed_tx.send_replace(Some(why));
             self.wake_writer.notify_one();
-        } else if st.conn.mux_mut().take_new_output() {
+            return;
+        }
+        send_path_datagrams(st);
+        if st.conn.mux_mut().take_new_output() {
             self.wake_writer.notify_one();
         }
     }

@@ -187,6 +187,7 @@ pub(crate) fn build(
             // The probe holds a duplicate of the carrier's socket: the
             // socket closes only once it is gone too.
             slot.probe = None;
+            slot.forget_datagrams();
             let mut lanes: Vec<_> = slot.lanes.drain(..).collect();
             lanes.append(&mut slot.retired);
             (slot.reader.take(), slot.writer.take(), lanes)

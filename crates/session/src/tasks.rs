@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use longhaul_carrier::quic::DatagramPath;
 use longhaul_carrier::PathProbe;
 use longhaul_proto::link::CarrierId;
 use tokio::sync::Notify;
@@ -24,10 +25,24 @@ pub(crate) struct CarrierSlot {
     /// Tells the writer to stop (it saves what it had not started).
     pub stop: Option<Arc<Notify>>,
     pub probe: Option<Arc<dyn PathProbe>>,
+    /// The single carrier's datagram path, and its reader: the session's
+    /// datagrams go there (see `Shared::dispatch`).
+    pub datagrams: Option<DatagramPath>,
+    pub datagram_reader: Option<Task>,
     /// A striped session's lanes (the fields above are then unused).
     pub lanes: Vec<LaneTasks>,
     /// Lanes dropped whose tasks may still be ending.
     pub retired: Vec<LaneTasks>,
+}
+
+impl CarrierSlot {
+    /// The carrier's datagram path is no longer the session's.
+    pub fn forget_datagrams(&mut self) {
+        self.datagrams = None;
+        if let Some(r) = self.datagram_reader.take() {
+            r.abort();
+        }
+    }
 }
 
 /// Waits this long at most for a stopped carrier's tasks to end.

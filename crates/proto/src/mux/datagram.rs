@@ -40,6 +40,10 @@ pub struct DatagramStats {
     pub received: u64,
     /// Not queued here (see [`Dropped`]).
     pub dropped: u64,
+    /// Of `sent` and `received`: those that went as messages of the
+    /// carrier's datagram path (QUIC datagrams), not in its byte stream.
+    pub path_sent: u64,
+    pub path_received: u64,
 }
 
 /// Datagrams waiting for the carrier.
@@ -47,6 +51,10 @@ pub struct DatagramStats {
 pub(super) struct Datagrams {
     /// Each with its flow's id (ours).
     queue: std::collections::VecDeque<(u32, OutFrame)>,
+    /// Too large for the carrier's datagram path ([`Mux::pop_datagram_within`]):
+    /// they go in the byte stream after all, as on a carrier without one.
+    inband: std::collections::VecDeque<(u32, OutFrame)>,
+    /// Both queues'.
     bytes: usize,
     pub(super) stats: DatagramStats,
     /// They go apart from the other frames ([`Mux::pop_datagram`]), not
@@ -57,33 +65,49 @@ pub(super) struct Datagrams {
 
 impl Datagrams {
     pub(super) fn is_empty(&self) -> bool {
-        self.queue.is_empty()
+        self.queue.is_empty() && self.inband.is_empty()
     }
 
+    /// The next datagram for the byte stream: one moved there for its
+    /// size, else (unless they go apart) the next queued.
     pub(super) fn pop(&mut self) -> Option<OutFrame> {
-        let (_, f) = self.queue.pop_front()?;
+        let (_, f) = match self.inband.pop_front() {
+            Some(x) => x,
+            None if self.apart => return None,
+            None => self.queue.pop_front()?,
+        };
         self.bytes -= f.remaining();
         self.stats.sent += 1;
         Some(f)
     }
 
+    /// The next datagram to go apart from the byte stream.
+    fn pop_apart(&mut self) -> Option<(u32, OutFrame)> {
+        let (id, f) = self.queue.pop_front()?;
+        self.bytes -= f.remaining();
+        Some((id, f))
+    }
+
     /// Drops what flow `id` still has queued (it is closing).
     pub(super) fn forget(&mut self, id: u32) {
-        let before = self.queue.len();
+        let before = self.queue.len() + self.inband.len();
         self.queue.retain(|(flow, _)| *flow != id);
-        if self.queue.len() != before {
-            self.bytes = self.queue.iter().map(|(_, f)| f.remaining()).sum();
+        self.inband.retain(|(flow, _)| *flow != id);
+        if self.queue.len() + self.inband.len() != before {
+            let all = self.queue.iter().chain(&self.inband);
+            self.bytes = all.map(|(_, f)| f.remaining()).sum();
         }
     }
 
     /// Drops everything queued, counted as dropped.
     pub(super) fn drop_all(&mut self) {
-        self.stats.dropped += self.queue.len() as u64;
+        self.stats.dropped += (self.queue.len() + self.inband.len()) as u64;
         self.clear();
     }
 
     pub(super) fn clear(&mut self) {
         self.queue.clear();
+        self.inband.clear();
         self.bytes = 0;
     }
 }
@@ -156,16 +180,52 @@ impl Mux {
         !self.datagrams.is_empty()
     }
 
-    /// The next datagram to send (see [`Mux::set_datagrams_apart`]).
+    /// The next datagram to send apart (see [`Mux::set_datagrams_apart`]).
     pub fn pop_datagram(&mut self) -> Option<OutFrame> {
-        self.datagrams.pop()
+        let (_, f) = self.datagrams.pop_apart()?;
+        self.datagrams.stats.sent += 1;
+        Some(f)
+    }
+
+    /// The next datagram to send apart whose frame is at most `max` bytes
+    /// (what the carrier's datagram path carries now): larger ones are
+    /// moved to the byte stream, in which they go as on any carrier (a
+    /// DNS answer of 4 KiB arrives late rather than never).
+    pub fn pop_datagram_within(&mut self, max: usize) -> Option<OutFrame> {
+        loop {
+            let (id, f) = self.datagrams.pop_apart()?;
+            if f.remaining() <= max {
+                self.datagrams.stats.sent += 1;
+                self.datagrams.stats.path_sent += 1;
+                return Some(f);
+            }
+            self.datagrams.bytes += f.remaining();
+            self.datagrams.inband.push_back((id, f));
+            self.new_output = true;
+        }
+    }
+
+    /// A datagram taken by [`Mux::pop_datagram_within`] that the carrier
+    /// did not take after all (its path shrank, or it is going): counted
+    /// as dropped.
+    pub fn datagram_not_sent(&mut self) {
+        let stats = &mut self.datagrams.stats;
+        stats.sent = stats.sent.saturating_sub(1);
+        stats.path_sent = stats.path_sent.saturating_sub(1);
+        stats.dropped += 1;
+    }
+
+    /// A message read from the carrier's datagram path (counted whatever
+    /// becomes of it).
+    pub fn datagram_on_path(&mut self) {
+        self.datagrams.stats.path_received += 1;
     }
 
     /// The next datagram, to move ahead of frames a writer has already
     /// taken, once the control lane is empty (a flow's OPEN_SUCCESS must
     /// reach the peer before its datagrams).
     pub fn pop_urgent_datagram(&mut self) -> Option<OutFrame> {
-        if !self.control.is_empty() || self.datagrams.apart {
+        if !self.control.is_empty() {
             return None;
         }
         let f = self.datagrams.pop()?;
@@ -379,5 +439,43 @@ mod tests {
                     .all(|f| !matches!(f, Frame::Datagram { .. }))
         );
         assert!(a.datagram_stats().dropped >= 5);
+    }
+
+    /// With a datagram path, datagrams wait for it and stay out of the
+    /// byte stream's batches, except one too large for the path: that one
+    /// goes in the stream after all and arrives whole. A message the path
+    /// refuses counts as dropped, not sent.
+    #[test]
+    fn datagrams_go_apart_and_one_too_large_for_the_path_goes_in_the_stream() {
+        let (mut a, mut b) = (mux(), mux());
+        let (flow_a, flow_b) = flow(&mut a, &mut b);
+        a.set_datagrams_apart(true);
+        a.send_datagram(flow_a, Bytes::from_static(b"small"))
+            .unwrap();
+        a.send_datagram(flow_a, Bytes::from(vec![9u8; 3000]))
+            .unwrap();
+        a.send_datagram(flow_a, Bytes::from_static(b"tiny"))
+            .unwrap();
+        assert!(pump(&mut a, &mut b).is_empty(), "apart: not in the stream");
+        let small = a.pop_datagram_within(1200).unwrap();
+        assert_eq!(&small.body[..], b"small");
+        let tiny = a.pop_datagram_within(1200).unwrap();
+        assert_eq!(&tiny.body[..], b"tiny");
+        assert!(a.pop_datagram_within(1200).is_none());
+        assert!(a.take_new_output(), "the large one wakes the writer");
+        let seen = pump(&mut a, &mut b);
+        assert!(
+            matches!(&seen[..], [Frame::Datagram { recipient, payload }]
+                if *recipient == flow_b && payload.len() == 3000),
+            "{seen:?}"
+        );
+        a.datagram_not_sent();
+        let st = a.datagram_stats();
+        assert_eq!((st.sent, st.path_sent, st.dropped), (2, 1, 1));
+        // Without the path (a resume onto TCP), queued ones go in the stream.
+        a.send_datagram(flow_a, Bytes::from_static(b"later"))
+            .unwrap();
+        a.set_datagrams_apart(false);
+        assert_eq!(pump(&mut a, &mut b).len(), 1);
     }
 }

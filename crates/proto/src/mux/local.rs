@@ -311,7 +311,8 @@ impl Mux {
             batch.push_back(OutFrame::encoded(f));
         }
         let mut data_bytes = 0;
-        if !self.datagrams.apart {
+        // (Datagrams that go apart are not taken here, unless moved back.)
+        if !self.datagrams.is_empty() {
             let room = max_frames.saturating_sub(batch.len());
             let (dg_bytes, dg_frames) = if self.data.is_empty() || max_bytes == 0 {
                 (super::datagram::DATAGRAM_QUEUE, room)
