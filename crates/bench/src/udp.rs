@@ -43,6 +43,8 @@ pub struct UdpOptions {
     /// Bytes per datagram (UDP payload).
     pub size: usize,
     pub duration: Duration,
+    /// Sent first and not counted (see `bench udp --warmup`).
+    pub warmup: Duration,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -143,8 +145,11 @@ pub async fn run(opts: UdpOptions) -> std::io::Result<UdpResult> {
         )));
     }
     let bytes_per_sec = (opts.rate / 8).max(1) as f64;
-    let total = ((bytes_per_sec * opts.duration.as_secs_f64()) / opts.size as f64).ceil() as u64;
-    if total > MAX_DATAGRAMS {
+    let count = |d: Duration| ((bytes_per_sec * d.as_secs_f64()) / opts.size as f64).ceil() as u64;
+    let total = count(opts.duration);
+    // Datagrams numbered below `warm` are the warm-up's.
+    let warm = count(opts.warmup);
+    if total.saturating_add(warm) > MAX_DATAGRAMS {
         return Err(std::io::Error::other(format!(
             "{total} datagrams is more than one run sends ({MAX_DATAGRAMS}): lower the rate or the time"
         )));
@@ -177,6 +182,9 @@ pub async fn run(opts: UdpOptions) -> std::io::Result<UdpResult> {
                 let now = Instant::now();
                 let seq = u64::from_be_bytes(buf[4..12].try_into().unwrap_or_default());
                 let sent = u64::from_be_bytes(buf[12..20].try_into().unwrap_or_default());
+                let Some(seq) = seq.checked_sub(warm) else {
+                    continue;
+                };
                 let rtt = now.duration_since(start).as_nanos() as f64 - sent as f64;
                 let mut b = back.lock().unwrap_or_else(|p| p.into_inner());
                 b.add(seq, rtt / 1e3, n, now);
@@ -189,10 +197,14 @@ pub async fn run(opts: UdpOptions) -> std::io::Result<UdpResult> {
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut sent = 0u64;
-    while sent < total {
+    let mut measured_from = start;
+    while sent < warm + total {
         tick.tick().await;
         let due = ((start.elapsed().as_secs_f64() * bytes_per_sec) / opts.size as f64) as u64;
-        while sent < due.min(total) {
+        while sent < due.min(warm + total) {
+            if sent == warm {
+                measured_from = Instant::now();
+            }
             datagram[4..12].copy_from_slice(&sent.to_be_bytes());
             let ns = start.elapsed().as_nanos() as u64;
             datagram[12..20].copy_from_slice(&ns.to_be_bytes());
@@ -201,7 +213,8 @@ pub async fn run(opts: UdpOptions) -> std::io::Result<UdpResult> {
             sent += 1;
         }
     }
-    let sending = start.elapsed();
+    let sending = measured_from.elapsed();
+    let sent = sent - warm;
     tokio::time::sleep(DRAIN).await;
     receiver.abort();
     let b = back.lock().unwrap_or_else(|p| p.into_inner());

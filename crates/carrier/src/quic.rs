@@ -35,6 +35,11 @@ use tokio::io::AsyncWrite;
 use crate::keys::Fingerprint;
 use crate::{Carrier, PathProbe};
 
+#[path = "quic_datagram.rs"]
+mod datagram;
+pub use datagram::DatagramPath;
+use datagram::StreamActivity;
+
 /// One stream may have this much in flight: a 1 Gbit/s path of 100 ms
 /// holds 12.5 MB.
 pub const STREAM_WINDOW: u32 = 16 * 1024 * 1024;
@@ -66,13 +71,14 @@ const LINGER: Duration = Duration::from_secs(2);
 /// (1 s, then 2 s apart) fit in it.
 pub const FIRST_ANSWER: Duration = Duration::from_secs(3);
 /// Bytes of datagrams received and not yet read that a connection holds
-/// (past it the oldest are dropped): also all an unauthenticated client
-/// can make the server hold in them, beside [`UNAUTHENTICATED_WINDOW`].
+/// (past it the oldest are dropped). Until the session reads them, a task
+/// reads and discards them (`datagram::discard_unclaimed`): what the
+/// buffer holds also pins the receive buffers they arrived in.
 pub const DATAGRAM_RECEIVE_BUFFER: usize = 64 * 1024;
-/// Bytes of datagrams queued to send (past it the oldest are dropped):
-/// the session's own queue (`DATAGRAM_QUEUE` in the protocol crate, as
-/// large) holds them until the carrier takes them.
-pub const DATAGRAM_SEND_BUFFER: usize = 256 * 1024;
+/// Bytes of datagrams queued in quinn to send (past it the oldest are
+/// dropped); the session's own queue holds the rest until
+/// [`DatagramPath::room`] lets them go.
+pub const DATAGRAM_SEND_BUFFER: usize = 64 * 1024;
 /// The server name sent when there is no instance to name (names are not
 /// checked: keys are pinned).
 const DEFAULT_NAME: &str = "longhaul";
@@ -267,14 +273,16 @@ fn carrier(
         .export_keying_material(&mut binding, crate::tls::BINDING_LABEL, b"")
         .ok()
         .map(|_| binding);
+    let activity = StreamActivity::default();
     // Only when the peer takes datagrams (an older one does not).
     let datagrams = conn
         .max_datagram_size()
-        .map(|_| DatagramPath { conn: conn.clone() });
+        .map(|_| DatagramPath::new(conn.clone(), activity.clone()));
     Carrier {
         reader: Box::new(recv),
         writer: Box::new(QuicWriter {
             send: Some(send),
+            activity,
             conn: conn.clone(),
             _endpoint: endpoint,
             admitted: admitted.clone(),
@@ -288,37 +296,14 @@ fn carrier(
     }
 }
 
-/// A QUIC connection's datagrams: each message arrives whole or not at
-/// all, in any order, and is never sent twice.
-#[derive(Clone)]
-pub struct DatagramPath {
-    conn: Connection,
-}
-
-impl DatagramPath {
-    /// The largest message the path carries now: it follows the path's
-    /// MTU as QUIC discovers it (about 1 200–1 400 bytes on the Internet).
-    pub fn max_size(&self) -> usize {
-        self.conn.max_datagram_size().unwrap_or(0)
-    }
-
-    /// Queues one message (at most [`DatagramPath::max_size`] bytes);
-    /// `false` when it was not (too large now, or the connection is gone).
-    pub fn send(&self, msg: bytes::Bytes) -> bool {
-        self.conn.send_datagram(msg).is_ok()
-    }
-
-    /// The next message received; `None` once the connection is closed.
-    pub async fn recv(&self) -> Option<bytes::Bytes> {
-        self.conn.read_datagram().await.ok()
-    }
-}
-
 /// The write half; once dropped, the stream is finished and the
 /// connection lingers ([`LINGER`] at most) until the peer acknowledged
 /// what was written, then closes.
 struct QuicWriter {
     send: Option<SendStream>,
+    /// When the session's bytes last went into the stream (or waited for
+    /// room there): datagrams then leave the stream its share.
+    activity: StreamActivity,
     conn: Connection,
     /// A client's endpoint (its UDP socket) lives as long as its carrier.
     _endpoint: Option<Endpoint>,
@@ -335,7 +320,9 @@ impl QuicWriter {
 
 impl AsyncWrite for QuicWriter {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
-        AsyncWrite::poll_write(self.get_mut().send(), cx, b)
+        let me = self.get_mut();
+        me.activity.mark();
+        AsyncWrite::poll_write(me.send(), cx, b)
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         AsyncWrite::poll_flush(self.get_mut().send(), cx)

@@ -74,6 +74,11 @@ pub struct UdpArgs {
     /// Seconds to send.
     #[arg(short = 't', long, default_value_t = 10.0, value_parser = parse_seconds)]
     pub time: f64,
+    /// Seconds sent first and not counted: the flow opens through the
+    /// tunnel meanwhile (its first datagrams wait or are dropped), and a
+    /// load started beside it settles.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_seconds)]
+    pub warmup: f64,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,

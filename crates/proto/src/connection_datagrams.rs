@@ -16,7 +16,7 @@ impl Connection {
     /// session's lanes always take them apart.)
     pub fn use_datagram_path(&mut self, on: bool) {
         if !self.is_striped() {
-            self.mux_mut().set_datagrams_apart(on);
+            self.mux_mut().set_datagram_path(on);
         }
     }
 
@@ -39,7 +39,9 @@ impl Connection {
         let mut buf = BytesMut::from(msg);
         let why = match frame::decode(&mut buf, self.limits) {
             Ok(Some(f @ Frame::Datagram { .. })) if buf.is_empty() => {
-                self.mux.heard(now);
+                // Not taken as a sign of life: a peer whose byte stream
+                // is stuck must still be found dead, whatever else it
+                // sends (PINGs travel in the stream).
                 self.mux.datagram_on_path();
                 // Its payload is a slice of a buffer of its own.
                 self.may_slice = true;

@@ -140,12 +140,15 @@ impl Shared {
         // one, else in the byte stream.
         slot.forget_datagrams();
         if let Some(path) = carrier.datagrams {
+            path.claim();
             let reader = datagram_reader(self.clone(), path.clone(), id);
             slot.datagram_reader = Some(self.spawn(reader));
             slot.datagrams = Some(path);
         }
         let on = slot.datagrams.is_some();
         st.conn_mut().use_datagram_path(on);
+        // What was queued while the session had no path goes now.
+        crate::runtime::send_path_datagrams(&mut st);
         // Under the session lock, so that a failure of this very carrier
         // (which takes the lock) is published after this, never before.
         self.detached_tx.send_replace(false);
@@ -193,6 +196,8 @@ impl Shared {
                 } else {
                     slot.probe = None;
                     slot.forget_datagrams();
+                    st.conn_mut().use_datagram_path(false);
+                    let slot = &mut st.slot;
                     if let Some(r) = &slot.reader {
                         r.abort();
                     }

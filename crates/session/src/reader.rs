@@ -140,15 +140,13 @@ enum Batch {
     End,
 }
 
-/// Hands every whole frame in `buf` to the connection, which refuses it
-/// all if carrier `id` is no longer current and counts what it hands on
-/// in the same call; then starts the work the frames asked for.
 /// Reads carrier `id`'s datagram path: each message is one DATAGRAM
 /// frame of a UDP flow. Ends with the path (the carrier's reader reports
 /// why) or once the carrier is no longer current.
 pub(crate) async fn datagram_reader(shared: Arc<Shared>, path: DatagramPath, id: CarrierId) {
     while let Some(msg) = path.recv().await {
-        let (r, _) = shared.input(|c, now| c.on_path_datagram(id, msg, now));
+        let (r, work) = shared.input(|c, now| c.on_path_datagram(id, msg, now));
+        debug_assert!(work.is_empty(), "a DATAGRAM asks for no work");
         match r {
             Received::Taken { .. } => shared.moves_again(),
             Received::Stale | Received::Ended => return,
@@ -156,6 +154,9 @@ pub(crate) async fn datagram_reader(shared: Arc<Shared>, path: DatagramPath, id:
     }
 }
 
+/// Hands every whole frame in `buf` to the connection, which refuses it
+/// all if carrier `id` is no longer current and counts what it hands on
+/// in the same call; then starts the work the frames asked for.
 fn decode_batch(shared: &Arc<Shared>, buf: &mut BytesMut, may_slice: bool, id: CarrierId) -> Batch {
     let mut data = false;
     let (r, work) = shared.input(|c, now| {

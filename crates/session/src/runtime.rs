@@ -188,17 +188,23 @@ pub(crate) struct Shared {
 
 /// Hands the datagrams queued for the carrier's datagram path to it (see
 /// `CarrierSlot::datagrams`): at once, whatever the byte stream's writer
-/// is waiting for. One too large for the path now goes in the stream; one
-/// the path refuses is counted as dropped.
-fn send_path_datagrams(st: &mut State) {
+/// is waiting for, within the share the path leaves the stream (the rest
+/// waits in the session's queue for the next call: every input and every
+/// batch the writer takes makes one). One too large for the path now goes
+/// in the stream; one the path refuses is counted as dropped.
+pub(crate) fn send_path_datagrams(st: &mut State) {
     let Some(path) = &st.slot.datagrams else {
         return;
     };
     if !st.conn.mux().has_datagrams() {
         return;
     }
-    let max = path.max_size();
-    while let Some(m) = st.conn.pop_path_datagram(max) {
+    let (max, mut room) = (path.max_size(), path.room());
+    while room > 0 {
+        let Some(m) = st.conn.pop_path_datagram(max) else {
+            break;
+        };
+        room = room.saturating_sub(m.len());
         if !path.send(m) {
             st.conn.mux_mut().datagram_not_sent();
         }

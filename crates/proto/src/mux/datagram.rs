@@ -18,6 +18,12 @@ use crate::outframe::OutFrame;
 /// Bytes of datagrams one session queues for its carrier at most; past it
 /// new datagrams are dropped.
 pub const DATAGRAM_QUEUE: usize = 256 * 1024;
+/// Bytes of datagrams too large for the carrier's datagram path that wait
+/// to go in its byte stream instead ([`Mux::pop_datagram_within`]); past
+/// it they are dropped. Apart from [`DATAGRAM_QUEUE`], so that large ones
+/// held up behind a slow stream never crowd out the small ones the path
+/// would carry at once.
+pub const INBAND_QUEUE: usize = 64 * 1024;
 
 /// Why a datagram was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,16 +57,19 @@ pub struct DatagramStats {
 pub(super) struct Datagrams {
     /// Each with its flow's id (ours).
     queue: std::collections::VecDeque<(u32, OutFrame)>,
+    bytes: usize,
     /// Too large for the carrier's datagram path ([`Mux::pop_datagram_within`]):
     /// they go in the byte stream after all, as on a carrier without one.
     inband: std::collections::VecDeque<(u32, OutFrame)>,
-    /// Both queues'.
-    bytes: usize,
+    inband_bytes: usize,
     pub(super) stats: DatagramStats,
     /// They go apart from the other frames ([`Mux::pop_datagram`]), not
     /// in [`Mux::poll_transmit`]'s batches: a striped session sends them on
     /// its lanes outside chunks.
     pub(super) apart: bool,
+    /// They go apart on the single carrier's datagram path, which the
+    /// runtime feeds itself: the writer is not woken for them.
+    path: bool,
 }
 
 impl Datagrams {
@@ -68,15 +77,27 @@ impl Datagrams {
         self.queue.is_empty() && self.inband.is_empty()
     }
 
+    /// Whether some wait for a writer (of the carrier or of a lane), not
+    /// for the datagram path.
+    pub(super) fn wait_for_writer(&self) -> bool {
+        !self.inband.is_empty() || (!self.queue.is_empty() && !self.path)
+    }
+
     /// The next datagram for the byte stream: one moved there for its
     /// size, else (unless they go apart) the next queued.
     pub(super) fn pop(&mut self) -> Option<OutFrame> {
-        let (_, f) = match self.inband.pop_front() {
-            Some(x) => x,
+        let f = match self.inband.pop_front() {
+            Some((_, f)) => {
+                self.inband_bytes -= f.remaining();
+                f
+            }
             None if self.apart => return None,
-            None => self.queue.pop_front()?,
+            None => {
+                let (_, f) = self.queue.pop_front()?;
+                self.bytes -= f.remaining();
+                f
+            }
         };
-        self.bytes -= f.remaining();
         self.stats.sent += 1;
         Some(f)
     }
@@ -94,8 +115,8 @@ impl Datagrams {
         self.queue.retain(|(flow, _)| *flow != id);
         self.inband.retain(|(flow, _)| *flow != id);
         if self.queue.len() + self.inband.len() != before {
-            let all = self.queue.iter().chain(&self.inband);
-            self.bytes = all.map(|(_, f)| f.remaining()).sum();
+            self.bytes = self.queue.iter().map(|(_, f)| f.remaining()).sum();
+            self.inband_bytes = self.inband.iter().map(|(_, f)| f.remaining()).sum();
         }
     }
 
@@ -109,6 +130,7 @@ impl Datagrams {
         self.queue.clear();
         self.inband.clear();
         self.bytes = 0;
+        self.inband_bytes = 0;
     }
 }
 
@@ -148,7 +170,7 @@ impl Mux {
         self.datagrams
             .queue
             .push_back((id, OutFrame::data(head, payload)));
-        self.new_output = true;
+        self.new_output |= !self.datagrams.path;
         Ok(())
     }
 
@@ -173,6 +195,15 @@ impl Mux {
     /// [`Mux::pop_datagram`] takes them.
     pub fn set_datagrams_apart(&mut self, apart: bool) {
         self.datagrams.apart = apart;
+        self.datagrams.path = false;
+    }
+
+    /// Datagrams go on the single carrier's datagram path, which takes
+    /// them with [`Mux::pop_datagram_within`] as they are queued (the
+    /// writer is not woken for them), or in the byte stream (`false`).
+    pub fn set_datagram_path(&mut self, on: bool) {
+        self.datagrams.apart = on;
+        self.datagrams.path = on;
     }
 
     /// Whether datagrams wait to be sent.
@@ -194,13 +225,18 @@ impl Mux {
     pub fn pop_datagram_within(&mut self, max: usize) -> Option<OutFrame> {
         loop {
             let (id, f) = self.datagrams.pop_apart()?;
+            let d = &mut self.datagrams;
             if f.remaining() <= max {
-                self.datagrams.stats.sent += 1;
-                self.datagrams.stats.path_sent += 1;
+                d.stats.sent += 1;
+                d.stats.path_sent += 1;
                 return Some(f);
             }
-            self.datagrams.bytes += f.remaining();
-            self.datagrams.inband.push_back((id, f));
+            if d.inband_bytes + f.remaining() > INBAND_QUEUE {
+                d.stats.dropped += 1;
+                continue;
+            }
+            d.inband_bytes += f.remaining();
+            d.inband.push_back((id, f));
             self.new_output = true;
         }
     }
@@ -449,9 +485,12 @@ mod tests {
     fn datagrams_go_apart_and_one_too_large_for_the_path_goes_in_the_stream() {
         let (mut a, mut b) = (mux(), mux());
         let (flow_a, flow_b) = flow(&mut a, &mut b);
-        a.set_datagrams_apart(true);
+        a.set_datagram_path(true);
+        a.take_new_output();
         a.send_datagram(flow_a, Bytes::from_static(b"small"))
             .unwrap();
+        assert!(!a.take_new_output(), "the path's own: no writer woken");
+        assert!(!a.has_output());
         a.send_datagram(flow_a, Bytes::from(vec![9u8; 3000]))
             .unwrap();
         a.send_datagram(flow_a, Bytes::from_static(b"tiny"))
@@ -475,7 +514,18 @@ mod tests {
         // Without the path (a resume onto TCP), queued ones go in the stream.
         a.send_datagram(flow_a, Bytes::from_static(b"later"))
             .unwrap();
-        a.set_datagrams_apart(false);
+        a.set_datagram_path(false);
         assert_eq!(pump(&mut a, &mut b).len(), 1);
+        // Large ones waiting for the stream have a bound of their own.
+        a.set_datagram_path(true);
+        for _ in 0..INBAND_QUEUE / 4000 + 2 {
+            a.send_datagram(flow_a, Bytes::from(vec![1u8; 4000]))
+                .unwrap();
+            assert!(a.pop_datagram_within(1200).is_none());
+        }
+        assert_eq!(a.datagram_stats().dropped, 1 + 2);
+        a.send_datagram(flow_a, Bytes::from_static(b"small"))
+            .unwrap();
+        assert!(a.pop_datagram_within(1200).is_some(), "small ones still go");
     }
 }

@@ -276,7 +276,7 @@ impl Mux {
 
     /// Whether anything waits to be written.
     pub fn has_output(&self) -> bool {
-        !self.control.is_empty() || !self.data.is_empty() || !self.datagrams.is_empty()
+        !self.control.is_empty() || !self.data.is_empty() || self.datagrams.wait_for_writer()
     }
 
     /// Whether a stream that just became active has DATA waiting: the next
