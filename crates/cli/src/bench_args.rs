@@ -77,8 +77,8 @@ pub struct UdpArgs {
     /// Seconds sent first and not counted: the flow opens through the
     /// tunnel meanwhile (its first datagrams wait or are dropped), and a
     /// load started beside it settles.
-    #[arg(long, default_value_t = 0.0, value_parser = parse_seconds)]
-    pub warmup: f64,
+    #[arg(long, value_name = "SECONDS", value_parser = parse_warmup)]
+    pub warmup: Option<f64>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -204,6 +204,13 @@ fn parse_seconds(x: &str) -> Result<f64, String> {
         .ok()
         .filter(|t| (0.05..=3600.0).contains(t))
         .ok_or_else(|| format!("-t '{x}': seconds from 0.05 to 3600"))
+}
+
+fn parse_warmup(x: &str) -> Result<f64, String> {
+    x.parse::<f64>()
+        .ok()
+        .filter(|t| (0.0..=600.0).contains(t))
+        .ok_or_else(|| format!("--warmup '{x}': seconds from 0 to 600"))
 }
 
 fn parse_rr_size(x: &str) -> Result<u32, String> {

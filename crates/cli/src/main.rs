@@ -214,7 +214,7 @@ pub(crate) async fn run(cmd: Cmd) -> anyhow::Result<()> {
                     rate: u.rate,
                     size: u.size as usize,
                     duration: std::time::Duration::from_secs_f64(u.time),
-                    warmup: std::time::Duration::from_secs_f64(u.warmup),
+                    warmup: std::time::Duration::from_secs_f64(u.warmup.unwrap_or(0.0)),
                 })
                 .await
                 .map_err(|e| anyhow::anyhow!("bench udp against {}: {e}", u.addr))?;
