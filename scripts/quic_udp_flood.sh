@@ -5,7 +5,7 @@
 #
 #   scripts/quic_udp_flood.sh [DELAY (10ms)] [RATE (100mbit)] [FLOOD (200mbit)]
 #
-# Env: LH. Needs root. Network only between the emulator's namespaces
+# Env: SIZE (1000: bytes per flood datagram), LH. Needs root. Network only between the emulator's namespaces
 # (198.18.0.0/15); every process started here is killed by PID and the
 # emulator taken down at the end.
 set -euo pipefail
@@ -31,7 +31,7 @@ sleep 1
   -L 127.0.0.1:6100:127.0.0.1:5201 -L udp:127.0.0.1:6100:127.0.0.1:5201 & pids+=($!)
 sleep 2
 echo "bulk alone: $("${A[@]}" "$LH" -q bench tput 127.0.0.1:6100 -t 8 -i 0 2>&1 | awk '/SUM/ {print $6, $7}')"
-"${A[@]}" "$LH" bench udp 127.0.0.1:6100 -b "$flood" -l 1000 -t 10 --json > "$work/udp" & u=$!
+"${A[@]}" "$LH" bench udp 127.0.0.1:6100 -b "$flood" -l "${SIZE:-1000}" -t 10 --json > "$work/udp" & u=$!
 sleep 1
 echo "bulk beside a $flood UDP flood: $("${A[@]}" "$LH" -q bench tput 127.0.0.1:6100 -t 8 -i 0 2>&1 | awk '/SUM/ {print $6, $7}')"
 wait $u

@@ -13,6 +13,8 @@ pub enum CarrierKind {
     Tcp,
     /// TLS 1.3 with a pinned server key and an authorized client key.
     Tls,
+    /// QUIC with the same keys as `Tls`.
+    Quic,
 }
 
 impl CarrierKind {
@@ -20,13 +22,15 @@ impl CarrierKind {
         match s {
             "tcp" => Ok(CarrierKind::Tcp),
             "tls" => Ok(CarrierKind::Tls),
-            _ => Err(format!("unknown carrier '{s}' (use tcp or tls)")),
+            "quic" => Ok(CarrierKind::Quic),
+            _ => Err(format!("unknown carrier '{s}' (use tcp, tls or quic)")),
         }
     }
     pub fn name(self) -> &'static str {
         match self {
             CarrierKind::Tcp => "tcp",
             CarrierKind::Tls => "tls",
+            CarrierKind::Quic => "quic",
         }
     }
 }
@@ -87,9 +91,9 @@ pub fn server_args(kind: CarrierKind, addr: &str, keys: &Keys) -> Vec<String> {
             format!("tcp://{addr}"),
             "--insecure".into(),
         ],
-        CarrierKind::Tls => vec![
+        CarrierKind::Tls | CarrierKind::Quic => vec![
             "--listen".into(),
-            format!("tls://{addr}"),
+            format!("{}://{addr}", kind.name()),
             "--key".into(),
             p(&keys.server_key),
             "--authorized-keys".into(),
@@ -102,8 +106,8 @@ pub fn server_args(kind: CarrierKind, addr: &str, keys: &Keys) -> Vec<String> {
 pub fn client_args(kind: CarrierKind, addr: &str, keys: &Keys) -> Vec<String> {
     match kind {
         CarrierKind::Tcp => vec![format!("tcp://{addr}"), "--insecure".into()],
-        CarrierKind::Tls => vec![
-            format!("tls://{addr}"),
+        CarrierKind::Tls | CarrierKind::Quic => vec![
+            format!("{}://{addr}", kind.name()),
             "--key".into(),
             p(&keys.client_key),
             "--pin".into(),

@@ -84,13 +84,10 @@ async fn first_byte(
     let addr = match kind {
         None => bench.to_string(),
         Some(kind) => {
-            let url = match kind {
-                CarrierKind::Tcp => format!("tcp://{server}"),
-                CarrierKind::Tls => format!("tls://{server}"),
-            };
+            let url = format!("{}://{server}", kind.name());
             let mut cfg = ClientConfig::new(url.parse().map_err(|e: String| anyhow::anyhow!(e))?);
             cfg.insecure = kind == CarrierKind::Tcp;
-            if kind == CarrierKind::Tls {
+            if kind != CarrierKind::Tcp {
                 cfg.identity = Some(keys.client.clone());
                 cfg.pin = Some(
                     keys.server_fp

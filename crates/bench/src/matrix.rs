@@ -52,7 +52,7 @@ pub struct MatrixOptions {
     /// Emulator instance name.
     pub name: String,
     pub congestion: Option<String>,
-    /// `tcp` or `tls`.
+    /// `tcp`, `tls` or `quic`.
     pub carrier: String,
     /// What generates the load.
     pub load: Load,

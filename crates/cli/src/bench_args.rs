@@ -128,8 +128,8 @@ pub struct MatrixArgs {
     /// TCP congestion control for longhaul's carrier (both ends).
     #[arg(long, value_name = "ALGO")]
     pub congestion: Option<String>,
-    /// longhaul's carrier: tcp (plain, the multiplexer alone) or tls (pinned keys, as users run it).
-    #[arg(long, default_value = "tcp", value_parser = ["tcp", "tls"])]
+    /// longhaul's carrier: tcp (plain, the multiplexer alone), tls (pinned keys, as users run it) or quic (the same keys, over UDP).
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "tls", "quic"])]
     pub carrier: String,
     /// Load generator: iperf3 (Debian's, when installed), bench (longhaul
     /// bench tput), or auto (iperf3 if installed).

@@ -25,7 +25,7 @@ pub struct SessionArgs {
     /// Streams open at once in one session.
     #[arg(long, value_name = "N", default_value_t = 16384)]
     pub max_streams: usize,
-    /// TCP congestion control for the carrier (e.g. cubic, bbr; default: the system's).
+    /// Congestion control for the carrier: TCP's (e.g. cubic, bbr; default: the system's); over quic:// bbr (the default), cubic or reno.
     #[arg(long, value_name = "ALGO")]
     pub congestion: Option<String>,
     /// Time allowed for a carrier's TLS, WebSocket upgrade, authentication and hello.

@@ -125,6 +125,8 @@ pub struct Connection {
     lanes_heard: crate::lane_quiet::LanesHeard,
     /// Server: how long a detached session waits for a resume.
     resume_timeout: Option<Duration>,
+    /// What a datagram path may take beside the byte stream.
+    path_share: datagrams::PathShare,
 }
 
 impl Connection {
@@ -141,6 +143,7 @@ impl Connection {
             peer_goodbye: false,
             lanes_heard: Default::default(),
             resume_timeout: None,
+            path_share: Default::default(),
         }
     }
 

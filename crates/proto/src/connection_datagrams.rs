@@ -2,10 +2,32 @@
 //! datagrams go there, one DATAGRAM frame per message, instead of into
 //! the byte stream where a lost segment would hold them up. Messages are
 //! not sequenced, so they never touch the link layer's counts or replay.
+//!
+//! A QUIC stack sends queued datagrams ahead of stream data in every
+//! packet, so a datagram path fed as fast as datagrams come would starve
+//! the byte stream (a UDP flood through a `-L udp:` forward would stall
+//! every TCP forward, and the session's PINGs). While the stream is
+//! backed up (DATA waiting for the carrier, or more than [`PATH_BURST`]
+//! sent and not yet acknowledged), datagrams may take as many bytes as the
+//! stream had delivered since (an equal share, whatever the congestion
+//! control makes of the path's rate), plus a burst of [`PATH_BURST`];
+//! otherwise (a trickle of control frames, or nothing) all they want.
 
 use bytes::{Bytes, BytesMut};
 
 use super::{Connection, Received};
+
+/// Bytes of datagrams that may go ahead of a busy stream's at once: a
+/// voice flow's (8 KB/s) never waits for the share.
+pub const PATH_BURST: u64 = 64 * 1024;
+
+/// The datagrams' share of the path (see the module docs).
+#[derive(Debug, Default)]
+pub(super) struct PathShare {
+    tokens: u64,
+    /// What the stream had delivered when last looked at.
+    delivered: u64,
+}
 use crate::frame::{self, Frame};
 use crate::link::CarrierId;
 
@@ -21,10 +43,35 @@ impl Connection {
     }
 
     /// The next datagram for the path, as one message of at most `max`
-    /// bytes; larger ones go in the byte stream instead.
+    /// bytes; larger ones go in the byte stream instead. Taken from the
+    /// share [`Connection::path_room`] gave.
     pub fn pop_path_datagram(&mut self, max: usize) -> Option<Bytes> {
         let f = self.mux_mut().pop_datagram_within(max)?;
-        Some(f.to_message())
+        let m = f.to_message();
+        let t = &mut self.path_share.tokens;
+        *t = t.saturating_sub(m.len() as u64);
+        Some(m)
+    }
+
+    /// Bytes of datagrams the path may take now (see the module docs).
+    /// The stream's progress is what the peer acknowledged (with a link
+    /// layer), else what its writer took: that stops too once the
+    /// carrier's buffer is full and nothing of it is delivered.
+    pub fn path_room(&mut self) -> usize {
+        let (delivered, in_flight) = match self.link() {
+            Some(l) => (l.replay().acked(), l.replay().held() as u64 > PATH_BURST),
+            None => (self.mux.stats().bytes_sent, false),
+        };
+        let busy = in_flight || self.mux.has_stream_data();
+        let s = &mut self.path_share;
+        let gained = delivered.saturating_sub(s.delivered);
+        s.delivered = delivered;
+        if !busy {
+            s.tokens = PATH_BURST;
+            return usize::MAX;
+        }
+        s.tokens = s.tokens.saturating_add(gained).min(PATH_BURST.max(gained));
+        s.tokens as usize
     }
 
     /// One message from `carrier`'s datagram path: exactly one DATAGRAM

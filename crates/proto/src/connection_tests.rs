@@ -1,5 +1,6 @@
 //! Unit tests of `Connection`'s rules.
 
+use super::datagrams::PATH_BURST;
 use super::*;
 use crate::mux::MuxConfig;
 use crate::resume::{Secret, SessionId};
@@ -368,4 +369,47 @@ fn the_datagram_path_takes_one_whole_datagram_frame_per_message() {
         assert_eq!(c.on_path_datagram(ic, bad, 0), Received::Ended);
         assert!(c.mux().dead().is_some());
     }
+}
+
+/// While the byte stream has bytes waiting (or unacknowledged), the
+/// datagram path gets a burst and then only what the stream delivers;
+/// idle, all it wants.
+#[test]
+fn a_busy_stream_leaves_the_datagram_path_a_burst_and_an_equal_share() {
+    let (mut a, ia) = resumable();
+    let (mut b, ib) = resumable();
+    let (flow, _) = open_flow(&mut a, ia, &mut b, ib);
+    a.use_datagram_path(true);
+    // Whatever the flow's opening left unacknowledged is acknowledged.
+    let mut w = transmit(&mut b, ib);
+    a.on_bytes(ia, &mut w, true, 0);
+    let idle = a.path_room();
+    assert!(
+        idle == usize::MAX || a.link().unwrap().replay().held() > 0,
+        "idle: {idle}"
+    );
+    // A trickle of control frames is no backlog.
+    let id = a.mux_mut().open("tcp://bulk:1", 0).unwrap();
+    assert!(a.path_room() > PATH_BURST as usize);
+    let mut w = transmit(&mut a, ia);
+    let _ = b.on_bytes(ib, &mut w, true, 0);
+    let open = open_request(b.mux_mut());
+    b.mux_mut().accept_open(open, 0).unwrap();
+    let mut w = transmit(&mut b, ib);
+    let _ = a.on_bytes(ia, &mut w, true, 0);
+    a.mux_mut().send(id, Bytes::from(vec![1u8; 4000]));
+    let room = a.path_room();
+    assert!(room <= PATH_BURST as usize, "busy: {room}");
+    let mut taken = 0;
+    for _ in 0..200 {
+        a.mux_mut()
+            .send_datagram(flow, Bytes::from(vec![3u8; 1000]))
+            .unwrap();
+        if a.path_room() < 1100 {
+            break;
+        }
+        taken += a.pop_path_datagram(1200).unwrap().len();
+    }
+    assert!(taken <= PATH_BURST as usize && taken > 0, "{taken}");
+    assert!(a.path_room() < 1100, "nothing delivered, no more room");
 }

@@ -141,7 +141,8 @@ impl Shared {
         slot.forget_datagrams();
         if let Some(path) = carrier.datagrams {
             path.claim();
-            let reader = datagram_reader(self.clone(), path.clone(), id);
+            let retry = slot.datagram_retry.clone();
+            let reader = datagram_reader(self.clone(), path.clone(), retry, id);
             slot.datagram_reader = Some(self.spawn(reader));
             slot.datagrams = Some(path);
         }

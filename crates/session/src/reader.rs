@@ -140,11 +140,34 @@ enum Batch {
     End,
 }
 
+/// How soon datagrams left in the session's queue (no room on the path)
+/// are tried again, when nothing else comes first.
+const DATAGRAM_RETRY: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// Reads carrier `id`'s datagram path: each message is one DATAGRAM
 /// frame of a UDP flow. Ends with the path (the carrier's reader reports
-/// why) or once the carrier is no longer current.
-pub(crate) async fn datagram_reader(shared: Arc<Shared>, path: DatagramPath, id: CarrierId) {
-    while let Some(msg) = path.recv().await {
+/// why) or once the carrier is no longer current. Also tries again to
+/// send what had no room on the path when `retry` is told.
+pub(crate) async fn datagram_reader(
+    shared: Arc<Shared>,
+    path: DatagramPath,
+    retry: Arc<tokio::sync::Notify>,
+    id: CarrierId,
+) {
+    loop {
+        // (A read cancelled by the retry takes nothing.)
+        let msg = tokio::select! {
+            m = path.recv() => m,
+            _ = retry.notified() => {
+                tokio::time::sleep(DATAGRAM_RETRY).await;
+                // Any call under the session lock sends what has room.
+                shared.with_conn_quiet(|_, _| ());
+                continue;
+            }
+        };
+        let Some(msg) = msg else {
+            return;
+        };
         let (r, work) = shared.input(|c, now| c.on_path_datagram(id, msg, now));
         debug_assert!(work.is_empty(), "a DATAGRAM asks for no work");
         match r {

@@ -188,18 +188,21 @@ pub(crate) struct Shared {
 
 /// Hands the datagrams queued for the carrier's datagram path to it (see
 /// `CarrierSlot::datagrams`): at once, whatever the byte stream's writer
-/// is waiting for, within the share the path leaves the stream (the rest
-/// waits in the session's queue for the next call: every input and every
-/// batch the writer takes makes one). One too large for the path now goes
-/// in the stream; one the path refuses is counted as dropped.
+/// is waiting for, within the share the byte stream leaves them
+/// (`Connection::path_room`) and the room the path has. The rest waits in
+/// the session's queue (bounded, drops counted) for the next call: the
+/// next input or batch, or the datagram reader's retry. One too large for
+/// the path now goes in the stream; one the path refuses is counted as
+/// dropped.
 pub(crate) fn send_path_datagrams(st: &mut State) {
     let Some(path) = &st.slot.datagrams else {
         return;
     };
-    if !st.conn.mux().has_datagrams() {
+    if !st.conn.mux().has_path_datagrams() {
         return;
     }
-    let (max, mut room) = (path.max_size(), path.room());
+    let max = path.max_size();
+    let mut room = st.conn.path_room().min(path.buffer_space());
     while room > 0 {
         let Some(m) = st.conn.pop_path_datagram(max) else {
             break;
@@ -208,6 +211,9 @@ pub(crate) fn send_path_datagrams(st: &mut State) {
         if !path.send(m) {
             st.conn.mux_mut().datagram_not_sent();
         }
+    }
+    if st.conn.mux().has_path_datagrams() {
+        st.slot.datagram_retry.notify_one();
     }
 }
 

@@ -29,6 +29,9 @@ pub(crate) struct CarrierSlot {
     /// datagrams go there (see `Shared::dispatch`).
     pub datagrams: Option<DatagramPath>,
     pub datagram_reader: Option<Task>,
+    /// Datagrams were left in the session's queue (no room on the path):
+    /// the datagram reader tries again shortly.
+    pub datagram_retry: Arc<Notify>,
     /// A striped session's lanes (the fields above are then unused).
     pub lanes: Vec<LaneTasks>,
     /// Lanes dropped whose tasks may still be ending.

@@ -211,6 +211,11 @@ impl Mux {
         !self.datagrams.is_empty()
     }
 
+    /// Whether datagrams wait for the datagram path (not for the stream).
+    pub fn has_path_datagrams(&self) -> bool {
+        self.datagrams.path && !self.datagrams.queue.is_empty()
+    }
+
     /// The next datagram to send apart (see [`Mux::set_datagrams_apart`]).
     pub fn pop_datagram(&mut self) -> Option<OutFrame> {
         let (_, f) = self.datagrams.pop_apart()?;

@@ -279,6 +279,11 @@ impl Mux {
         !self.control.is_empty() || !self.data.is_empty() || self.datagrams.wait_for_writer()
     }
 
+    /// Whether streams have DATA waiting for the carrier.
+    pub fn has_stream_data(&self) -> bool {
+        !self.data.is_empty()
+    }
+
     /// Whether a stream that just became active has DATA waiting: the next
     /// [`Mux::poll_transmit`] starts with it (after the control lane).
     pub fn has_new_data(&self) -> bool {
