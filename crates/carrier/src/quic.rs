@@ -191,6 +191,30 @@ impl QuicListener {
     }
 }
 
+impl Drop for QuicListener {
+    /// The endpoint lives on with the connections of sessions still
+    /// draining; until they are gone, a new client is refused at once (so
+    /// it moves on to a `--failover` or retries) instead of waiting for a
+    /// handshake nobody accepts. Then the socket closes.
+    fn drop(&mut self) {
+        let endpoint = self.endpoint.clone();
+        let refuse = async move {
+            loop {
+                tokio::select! {
+                    incoming = endpoint.accept() => match incoming {
+                        Some(i) => i.refuse(),
+                        None => return,
+                    },
+                    _ = endpoint.wait_idle() => return,
+                }
+            }
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            drop(rt.spawn(refuse));
+        }
+    }
+}
+
 /// Server side: the client's connection, its stream and key.
 pub async fn accept(incoming: quinn::Incoming) -> io::Result<(Carrier, Option<Fingerprint>)> {
     let peer = incoming.remote_address().to_string();

@@ -343,6 +343,62 @@ fn a_client_whose_address_changes_keeps_its_session_and_a_dead_connection_resume
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A server that stops keeps its QUIC endpoint for the sessions it
+/// drains; a client that comes meanwhile is refused at once (and can go
+/// elsewhere), not left waiting for a handshake nobody accepts.
+#[test]
+fn a_draining_server_refuses_new_quic_clients_at_once() {
+    let dir = tmpdir("quic-drain");
+    let tport = echo_target();
+    let (server, port, pin) = server(&dir, &[format!("127.0.0.1:{tport}")], &[]);
+    let local = free_port();
+    let _client = client(
+        &dir,
+        port,
+        &pin,
+        &[format!("127.0.0.1:{local}:127.0.0.1:{tport}")],
+        &[],
+    );
+    wait_port(local);
+    // An open stream keeps the session, so the server drains.
+    let s = TcpStream::connect(("127.0.0.1", local)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    echo_bulk(&s, 1 << 10, 1);
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &server.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    wait_until(10, "the server drains", || {
+        std::fs::read_to_string(dir.join("server.log")).is_ok_and(|t| t.contains("draining"))
+    });
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(BIN)
+        .args(["client", &format!("quic://127.0.0.1:{port}"), "--pin", &pin])
+        .args([
+            "--token",
+            "quic-test",
+            "--control",
+            "none",
+            "--no-reconnect",
+        ])
+        .args(["-L", "0:127.0.0.1:1"])
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a draining server let a client in:\n{err}"
+    );
+    assert!(
+        took < Duration::from_millis(2500),
+        "refused only after {took:?} (the 3 s wait for a first answer):\n{err}"
+    );
+    echo_bulk(&s, 1 << 10, 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn where_udp_is_blocked_a_client_falls_back_to_tls_soon_and_says_so() {
     let dir = tmpdir("quic-fallback");
