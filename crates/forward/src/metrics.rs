@@ -68,7 +68,8 @@ struct Totals {
     resumes: u64,
     replayed: u64,
     stalls: u64,
-    datagrams: [u64; 3],
+    /// Sent, received, dropped; sent and received on a datagram path.
+    datagrams: [u64; 5],
 }
 
 impl Totals {
@@ -79,11 +80,13 @@ impl Totals {
         self.replayed += s.replayed;
         self.stalls += s.window_stalls;
         let d = &s.datagrams;
-        for (t, n) in self
-            .datagrams
-            .iter_mut()
-            .zip([d.sent, d.received, d.dropped])
-        {
+        for (t, n) in self.datagrams.iter_mut().zip([
+            d.sent,
+            d.received,
+            d.dropped,
+            d.path_sent,
+            d.path_received,
+        ]) {
             *t += n;
         }
     }
@@ -264,6 +267,17 @@ impl Collector for Scrape {
             )?;
             for (what, n) in ["sent", "received", "dropped"].iter().zip(t.datagrams) {
                 ConstCounter::new(n).encode(f.encode_family(&[("what", *what)])?)?;
+            }
+        }
+        {
+            let mut f = e.encode_descriptor(
+                "longhaul_datagrams_as_quic_datagrams",
+                "Of the UDP datagrams sent and received, those carried as QUIC datagrams (quic:// carriers) rather than in the session's byte stream.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (what, n) in ["sent", "received"].iter().zip(&t.datagrams[3..]) {
+                ConstCounter::new(*n).encode(f.encode_family(&[("what", *what)])?)?;
             }
         }
         {
