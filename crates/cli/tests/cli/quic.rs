@@ -162,6 +162,16 @@ fn client(dir: &std::path::Path, to: u16, pin: &str, forwards: &[String], extra:
     spawn_logged(&args, &dir.join("client.log"))
 }
 
+/// A client that tries the quic:// server on `port` once, pinning `pin`.
+fn one_try(port: u16, pin: &str) -> std::process::Output {
+    std::process::Command::new(BIN)
+        .args(["client", &format!("quic://127.0.0.1:{port}"), "--pin", pin])
+        .args(["--token", "quic-test", "--control", "none"])
+        .args(["--no-reconnect", "-L", "0:127.0.0.1:1"])
+        .output()
+        .unwrap()
+}
+
 /// Writes `len` patterned bytes through `s` from a second thread while
 /// reading the echo, and checks every byte.
 fn echo_bulk(s: &TcpStream, len: usize, seed: u8) {
@@ -263,23 +273,7 @@ fn tcp_bytes_and_udp_datagrams_cross_quic_intact_and_a_wrong_pin_is_refused() {
     let other = dir.join("other");
     std::fs::create_dir_all(&other).unwrap();
     let wrong = keygen(&other.join("k"));
-    let out = std::process::Command::new(BIN)
-        .args([
-            "client",
-            &format!("quic://127.0.0.1:{port}"),
-            "--pin",
-            &wrong,
-        ])
-        .args([
-            "--token",
-            "quic-test",
-            "--control",
-            "none",
-            "--no-reconnect",
-        ])
-        .args(["-L", "0:127.0.0.1:1"])
-        .output()
-        .unwrap();
+    let out = one_try(port, &wrong);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a wrong pin got in:\n{err}");
     assert!(err.contains(&pin) || err.contains("key"), "{err}");
@@ -373,18 +367,7 @@ fn a_draining_server_refuses_new_quic_clients_at_once() {
         std::fs::read_to_string(dir.join("server.log")).is_ok_and(|t| t.contains("draining"))
     });
     let started = std::time::Instant::now();
-    let out = std::process::Command::new(BIN)
-        .args(["client", &format!("quic://127.0.0.1:{port}"), "--pin", &pin])
-        .args([
-            "--token",
-            "quic-test",
-            "--control",
-            "none",
-            "--no-reconnect",
-        ])
-        .args(["-L", "0:127.0.0.1:1"])
-        .output()
-        .unwrap();
+    let out = one_try(port, &pin);
     let took = started.elapsed();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
