@@ -19,7 +19,7 @@ crates=(-p longhaul-proto -p longhaul-carrier -p longhaul-session)
 /usr/bin/cargo clippy "${crates[@]}" --all-targets "${LONGHAUL_WINDOWS_TARGET[@]}" -- -D warnings
 # longhaul.exe built with the test profile and zipped as a release would
 # be (--version names the target); built first, the tests then reuse most
-# of its dependencies (the other way round, each built everything: 6 min).
+# of its dependencies (the other way round, each built nearly everything).
 PROFILE=test bash scripts/windows/package.sh
 /usr/bin/cargo test "${crates[@]}" "${LONGHAUL_WINDOWS_TARGET[@]}" "$@"
 python3 scripts/windows/interop.py "$linux" target/windows/x86_64-pc-windows-gnu/debug/longhaul.exe

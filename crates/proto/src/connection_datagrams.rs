@@ -21,12 +21,21 @@ use super::{Connection, Received};
 /// voice flow's (8 KB/s) never waits for the share.
 pub const PATH_BURST: u64 = 64 * 1024;
 
+/// However little the stream delivers, the datagrams get [`PATH_BURST`]
+/// this often (≈ 2 Mbit/s): a peer that acknowledges only when it next
+/// writes (after an upload ends, up to a PING interval later) must not
+/// stall a voice flow meanwhile, and a flood gets no more than that while
+/// the stream is stuck.
+pub const PATH_FLOOR_EVERY_NS: u64 = 250_000_000;
+
 /// The datagrams' share of the path (see the module docs).
 #[derive(Debug, Default)]
 pub(super) struct PathShare {
     tokens: u64,
     /// What the stream had delivered when last looked at.
     delivered: u64,
+    /// When the floor last topped the tokens up.
+    floor_at: u64,
 }
 use crate::frame::{self, Frame};
 use crate::link::CarrierId;
@@ -40,6 +49,10 @@ impl Connection {
         if !self.is_striped() {
             self.mux_mut().set_datagram_path(on);
         }
+        // A resume moves what was acknowledged by a whole replay at once:
+        // not a share earned on this path.
+        self.path_share.delivered = self.link().map_or(0, |l| l.replay().acked());
+        self.path_share.tokens = PATH_BURST;
     }
 
     /// The next datagram for the path, as one message of at most `max`
@@ -57,7 +70,7 @@ impl Connection {
     /// The stream's progress is what the peer acknowledged (with a link
     /// layer), else what its writer took: that stops too once the
     /// carrier's buffer is full and nothing of it is delivered.
-    pub fn path_room(&mut self) -> usize {
+    pub fn path_room(&mut self, now: u64) -> usize {
         let (delivered, in_flight) = match self.link() {
             Some(l) => (l.replay().acked(), l.replay().held() as u64 > PATH_BURST),
             None => (self.mux.stats().bytes_sent, false),
@@ -71,6 +84,10 @@ impl Connection {
             return usize::MAX;
         }
         s.tokens = s.tokens.saturating_add(gained).min(PATH_BURST.max(gained));
+        if now.saturating_sub(s.floor_at) >= PATH_FLOOR_EVERY_NS {
+            s.floor_at = now;
+            s.tokens = s.tokens.max(PATH_BURST);
+        }
         s.tokens as usize
     }
 

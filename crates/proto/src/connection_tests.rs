@@ -383,14 +383,14 @@ fn a_busy_stream_leaves_the_datagram_path_a_burst_and_an_equal_share() {
     // Whatever the flow's opening left unacknowledged is acknowledged.
     let mut w = transmit(&mut b, ib);
     a.on_bytes(ia, &mut w, true, 0);
-    let idle = a.path_room();
+    let idle = a.path_room(0);
     assert!(
         idle == usize::MAX || a.link().unwrap().replay().held() > 0,
         "idle: {idle}"
     );
     // A trickle of control frames is no backlog.
     let id = a.mux_mut().open("tcp://bulk:1", 0).unwrap();
-    assert!(a.path_room() > PATH_BURST as usize);
+    assert!(a.path_room(0) > PATH_BURST as usize);
     let mut w = transmit(&mut a, ia);
     let _ = b.on_bytes(ib, &mut w, true, 0);
     let open = open_request(b.mux_mut());
@@ -398,18 +398,21 @@ fn a_busy_stream_leaves_the_datagram_path_a_burst_and_an_equal_share() {
     let mut w = transmit(&mut b, ib);
     let _ = a.on_bytes(ia, &mut w, true, 0);
     a.mux_mut().send(id, Bytes::from(vec![1u8; 4000]));
-    let room = a.path_room();
+    let room = a.path_room(0);
     assert!(room <= PATH_BURST as usize, "busy: {room}");
     let mut taken = 0;
     for _ in 0..200 {
         a.mux_mut()
             .send_datagram(flow, Bytes::from(vec![3u8; 1000]))
             .unwrap();
-        if a.path_room() < 1100 {
+        if a.path_room(0) < 1100 {
             break;
         }
         taken += a.pop_path_datagram(1200).unwrap().len();
     }
     assert!(taken <= PATH_BURST as usize && taken > 0, "{taken}");
-    assert!(a.path_room() < 1100, "nothing delivered, no more room");
+    assert!(a.path_room(0) < 1100, "nothing delivered, no more room");
+    // However stuck the stream, a burst again every quarter second.
+    let floor = super::datagrams::PATH_FLOOR_EVERY_NS;
+    assert_eq!(a.path_room(floor), PATH_BURST as usize);
 }

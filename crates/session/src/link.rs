@@ -149,7 +149,7 @@ impl Shared {
         let on = slot.datagrams.is_some();
         st.conn_mut().use_datagram_path(on);
         // What was queued while the session had no path goes now.
-        crate::runtime::send_path_datagrams(&mut st);
+        crate::runtime::send_path_datagrams(&mut st, self.now_ns());
         // Under the session lock, so that a failure of this very carrier
         // (which takes the lock) is published after this, never before.
         self.detached_tx.send_replace(false);

@@ -154,12 +154,18 @@ pub(crate) async fn datagram_reader(
     retry: Arc<tokio::sync::Notify>,
     id: CarrierId,
 ) {
+    // The retry's wait runs beside the reads, never instead of them.
+    let mut retry_at: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     loop {
         // (A read cancelled by the retry takes nothing.)
         let msg = tokio::select! {
             m = path.recv() => m,
-            _ = retry.notified() => {
-                tokio::time::sleep(DATAGRAM_RETRY).await;
+            _ = retry.notified(), if retry_at.is_none() => {
+                retry_at = Some(Box::pin(tokio::time::sleep(DATAGRAM_RETRY)));
+                continue;
+            }
+            _ = async { retry_at.as_mut().expect("guarded").await }, if retry_at.is_some() => {
+                retry_at = None;
                 // Any call under the session lock sends what has room.
                 shared.with_conn_quiet(|_, _| ());
                 continue;

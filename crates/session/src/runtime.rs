@@ -194,7 +194,7 @@ pub(crate) struct Shared {
 /// next input or batch, or the datagram reader's retry. One too large for
 /// the path now goes in the stream; one the path refuses is counted as
 /// dropped.
-pub(crate) fn send_path_datagrams(st: &mut State) {
+pub(crate) fn send_path_datagrams(st: &mut State, now: u64) {
     let Some(path) = &st.slot.datagrams else {
         return;
     };
@@ -202,7 +202,7 @@ pub(crate) fn send_path_datagrams(st: &mut State) {
         return;
     }
     let max = path.max_size();
-    let mut room = st.conn.path_room().min(path.buffer_space());
+    let mut room = st.conn.path_room(now).min(path.buffer_space());
     while room > 0 {
         let Some(m) = st.conn.pop_path_datagram(max) else {
             break;
@@ -350,7 +350,7 @@ impl Shared {
             self.wake_writer.notify_one();
             return;
         }
-        send_path_datagrams(st);
+        send_path_datagrams(st, self.now_ns());
         if st.conn.mux_mut().take_new_output() {
             self.wake_writer.notify_one();
         }
