@@ -149,7 +149,7 @@ impl Shared {
         let on = slot.datagrams.is_some();
         st.conn_mut().use_datagram_path(on);
         // What was queued while the session had no path goes now.
-        crate::runtime::send_path_datagrams(&mut st, self.now_ns());
+        send_path_datagrams(&mut st, self.now_ns());
         // Under the session lock, so that a failure of this very carrier
         // (which takes the lock) is published after this, never before.
         self.detached_tx.send_replace(false);
@@ -305,5 +305,37 @@ impl Shared {
             tracing::debug!(peer = %self.peer, ?outage, replayed = bytes, "session resumed on a new carrier");
         }
         Ok(bytes)
+    }
+}
+
+/// Hands the datagrams queued for the carrier's datagram path to it (see
+/// `CarrierSlot::datagrams`): at once, whatever the byte stream's writer
+/// is waiting for, within the share the byte stream leaves them
+/// (`Connection::path_room`) and the room the path has. The rest waits in
+/// the session's queue (bounded, drops counted) for the next call: the
+/// next input or batch, or the datagram reader's retry. One too large for
+/// the path now goes in the stream; one the path refuses is counted as
+/// dropped.
+pub(crate) fn send_path_datagrams(st: &mut State, now: u64) {
+    if st.slot.datagrams.is_none() || !st.conn().mux().has_path_datagrams() {
+        return;
+    }
+    // (A handle: the connection is borrowed mutably below.)
+    let Some(path) = st.slot.datagrams.clone() else {
+        return;
+    };
+    let max = path.max_size();
+    let mut room = st.conn_mut().path_room(now).min(path.buffer_space());
+    while room > 0 {
+        let Some(m) = st.conn_mut().pop_path_datagram(max) else {
+            break;
+        };
+        room = room.saturating_sub(m.len());
+        if !path.send(m) {
+            st.conn_mut().mux_mut().datagram_not_sent();
+        }
+    }
+    if st.conn().mux().has_path_datagrams() {
+        st.slot.datagram_retry.notify_one();
     }
 }

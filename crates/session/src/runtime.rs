@@ -186,37 +186,6 @@ pub(crate) struct Shared {
     driver: Driver,
 }
 
-/// Hands the datagrams queued for the carrier's datagram path to it (see
-/// `CarrierSlot::datagrams`): at once, whatever the byte stream's writer
-/// is waiting for, within the share the byte stream leaves them
-/// (`Connection::path_room`) and the room the path has. The rest waits in
-/// the session's queue (bounded, drops counted) for the next call: the
-/// next input or batch, or the datagram reader's retry. One too large for
-/// the path now goes in the stream; one the path refuses is counted as
-/// dropped.
-pub(crate) fn send_path_datagrams(st: &mut State, now: u64) {
-    let Some(path) = &st.slot.datagrams else {
-        return;
-    };
-    if !st.conn.mux().has_path_datagrams() {
-        return;
-    }
-    let max = path.max_size();
-    let mut room = st.conn.path_room(now).min(path.buffer_space());
-    while room > 0 {
-        let Some(m) = st.conn.pop_path_datagram(max) else {
-            break;
-        };
-        room = room.saturating_sub(m.len());
-        if !path.send(m) {
-            st.conn.mux_mut().datagram_not_sent();
-        }
-    }
-    if st.conn.mux().has_path_datagrams() {
-        st.slot.datagram_retry.notify_one();
-    }
-}
-
 fn refused(r: Refused) -> OpenRefused {
     OpenRefused {
         reason: r.reason,
@@ -350,7 +319,7 @@ impl Shared {
             self.wake_writer.notify_one();
             return;
         }
-        send_path_datagrams(st, self.now_ns());
+        crate::link::send_path_datagrams(st, self.now_ns());
         if st.conn.mux_mut().take_new_output() {
             self.wake_writer.notify_one();
         }
