@@ -56,14 +56,28 @@ impl Connection {
     }
 
     /// The next datagram for the path, as one message of at most `max`
-    /// bytes; larger ones go in the byte stream instead. Taken from the
-    /// share [`Connection::path_room`] gave.
-    pub fn pop_path_datagram(&mut self, max: usize) -> Option<Bytes> {
-        let f = self.mux_mut().pop_datagram_within(max)?;
-        let m = f.to_message();
-        let t = &mut self.path_share.tokens;
-        *t = t.saturating_sub(m.len() as u64);
-        Some(m)
+    /// bytes, within `room` bytes (from [`Connection::path_room`]), which
+    /// it takes from. Larger ones go in the byte stream instead, under the
+    /// same share: a flood of them must not take the stream's turn there
+    /// either.
+    pub fn pop_path_datagram(&mut self, max: usize, room: &mut usize) -> Option<Bytes> {
+        while *room > 0 {
+            let taken = self.mux_mut().pop_datagram_within(max)?;
+            let (size, msg) = match taken {
+                Ok(f) => {
+                    let m = f.to_message();
+                    (m.len(), Some(m))
+                }
+                Err(size) => (size, None),
+            };
+            *room = room.saturating_sub(size);
+            let t = &mut self.path_share.tokens;
+            *t = t.saturating_sub(size as u64);
+            if msg.is_some() {
+                return msg;
+            }
+        }
+        None
     }
 
     /// Bytes of datagrams the path may take now (see the module docs).

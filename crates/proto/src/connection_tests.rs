@@ -348,7 +348,7 @@ fn the_datagram_path_takes_one_whole_datagram_frame_per_message() {
         .send_datagram(flow, Bytes::from_static(b"voice"))
         .unwrap();
     assert!(transmit(&mut a, ia).is_empty(), "in the byte stream");
-    let msg = a.pop_path_datagram(1200).unwrap();
+    let msg = a.pop_path_datagram(1200, &mut usize::MAX.clone()).unwrap();
     let received = b.link().unwrap().received();
     let r = b.on_path_datagram(ib, msg.clone(), 0);
     assert_eq!(r, Received::Taken { wake: false });
@@ -405,14 +405,30 @@ fn a_busy_stream_leaves_the_datagram_path_a_burst_and_an_equal_share() {
         a.mux_mut()
             .send_datagram(flow, Bytes::from(vec![3u8; 1000]))
             .unwrap();
-        if a.path_room(0) < 1100 {
+        let mut room = a.path_room(0);
+        if room < 1100 {
             break;
         }
-        taken += a.pop_path_datagram(1200).unwrap().len();
+        taken += a.pop_path_datagram(1200, &mut room).unwrap().len();
     }
     assert!(taken <= PATH_BURST as usize && taken > 0, "{taken}");
     assert!(a.path_room(0) < 1100, "nothing delivered, no more room");
+    // One too large for the path would go in the stream: under the same
+    // share, so it waits too.
+    a.mux_mut().pop_datagram_within(1200).unwrap().unwrap();
+    a.mux_mut()
+        .send_datagram(flow, Bytes::from(vec![4u8; 3000]))
+        .unwrap();
+    assert!(a.pop_path_datagram(1200, &mut 0).is_none());
+    assert!(a.mux().has_path_datagrams(), "still waiting for a share");
     // However stuck the stream, a burst again every quarter second.
     let floor = super::datagrams::PATH_FLOOR_EVERY_NS;
-    assert_eq!(a.path_room(floor), PATH_BURST as usize);
+    let mut room = a.path_room(floor);
+    assert_eq!(room, PATH_BURST as usize);
+    assert!(a.pop_path_datagram(1200, &mut room).is_none());
+    assert!(
+        room <= PATH_BURST as usize - 3000,
+        "the large one took its share"
+    );
+    assert!(!a.mux().has_path_datagrams());
 }

@@ -326,11 +326,7 @@ pub(crate) fn send_path_datagrams(st: &mut State, now: u64) {
     };
     let max = path.max_size();
     let mut room = st.conn_mut().path_room(now).min(path.buffer_space());
-    while room > 0 {
-        let Some(m) = st.conn_mut().pop_path_datagram(max) else {
-            break;
-        };
-        room = room.saturating_sub(m.len());
+    while let Some(m) = st.conn_mut().pop_path_datagram(max, &mut room) {
         if !path.send(m) {
             st.conn_mut().mux_mut().datagram_not_sent();
         }

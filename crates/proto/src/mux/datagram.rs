@@ -223,27 +223,28 @@ impl Mux {
         Some(f)
     }
 
-    /// The next datagram to send apart whose frame is at most `max` bytes
-    /// (what the carrier's datagram path carries now): larger ones are
-    /// moved to the byte stream, in which they go as on any carrier (a
-    /// DNS answer of 4 KiB arrives late rather than never).
-    pub fn pop_datagram_within(&mut self, max: usize) -> Option<OutFrame> {
-        loop {
-            let (id, f) = self.datagrams.pop_apart()?;
-            let d = &mut self.datagrams;
-            if f.remaining() <= max {
-                d.stats.sent += 1;
-                d.stats.path_sent += 1;
-                return Some(f);
-            }
-            if d.inband_bytes + f.remaining() > INBAND_QUEUE {
-                d.stats.dropped += 1;
-                continue;
-            }
-            d.inband_bytes += f.remaining();
-            d.inband.push_back((id, f));
-            self.new_output = true;
+    /// The next datagram to send apart, if its frame is at most `max`
+    /// bytes (what the carrier's datagram path carries now); a larger one
+    /// is moved to the byte stream, in which it goes as on any carrier (a
+    /// DNS answer of 4 KiB arrives late rather than never), and its size
+    /// is returned instead (or 0: dropped, the in-stream queue was full).
+    pub fn pop_datagram_within(&mut self, max: usize) -> Option<Result<OutFrame, usize>> {
+        let (id, f) = self.datagrams.pop_apart()?;
+        let d = &mut self.datagrams;
+        let size = f.remaining();
+        if size <= max {
+            d.stats.sent += 1;
+            d.stats.path_sent += 1;
+            return Some(Ok(f));
         }
+        if d.inband_bytes + size > INBAND_QUEUE {
+            d.stats.dropped += 1;
+            return Some(Err(0));
+        }
+        d.inband_bytes += size;
+        d.inband.push_back((id, f));
+        self.new_output = true;
+        Some(Err(size))
     }
 
     /// A datagram taken by [`Mux::pop_datagram_within`] that the carrier
@@ -501,9 +502,15 @@ mod tests {
         a.send_datagram(flow_a, Bytes::from_static(b"tiny"))
             .unwrap();
         assert!(pump(&mut a, &mut b).is_empty(), "apart: not in the stream");
-        let small = a.pop_datagram_within(1200).unwrap();
+        let small = a.pop_datagram_within(1200).unwrap().unwrap();
         assert_eq!(&small.body[..], b"small");
-        let tiny = a.pop_datagram_within(1200).unwrap();
+        let large = a.pop_datagram_within(1200).unwrap();
+        assert_eq!(
+            large.err(),
+            Some(DATA_HEADER_LEN + 3000),
+            "moved, its size said"
+        );
+        let tiny = a.pop_datagram_within(1200).unwrap().unwrap();
         assert_eq!(&tiny.body[..], b"tiny");
         assert!(a.pop_datagram_within(1200).is_none());
         assert!(a.take_new_output(), "the large one wakes the writer");
@@ -523,14 +530,20 @@ mod tests {
         assert_eq!(pump(&mut a, &mut b).len(), 1);
         // Large ones waiting for the stream have a bound of their own.
         a.set_datagram_path(true);
+        let mut moved = 0;
         for _ in 0..INBAND_QUEUE / 4000 + 2 {
             a.send_datagram(flow_a, Bytes::from(vec![1u8; 4000]))
                 .unwrap();
+            moved += a.pop_datagram_within(1200).unwrap().unwrap_err();
             assert!(a.pop_datagram_within(1200).is_none());
         }
+        assert!(moved <= INBAND_QUEUE);
         assert_eq!(a.datagram_stats().dropped, 1 + 2);
         a.send_datagram(flow_a, Bytes::from_static(b"small"))
             .unwrap();
-        assert!(a.pop_datagram_within(1200).is_some(), "small ones still go");
+        assert!(
+            matches!(a.pop_datagram_within(1200), Some(Ok(_))),
+            "small ones still go"
+        );
     }
 }
