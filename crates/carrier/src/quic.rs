@@ -37,11 +37,13 @@ use crate::{Carrier, PathProbe};
 
 #[path = "quic_datagram.rs"]
 mod datagram;
+#[path = "quic_reorder.rs"]
+mod reorder;
 pub use datagram::DatagramPath;
 
 /// One stream may have this much in flight: a 1 Gbit/s path of 100 ms
 /// holds 12.5 MB.
-pub const STREAM_WINDOW: u32 = 16 * 1024 * 1024;
+pub const STREAM_WINDOW: u32 = 32 * 1024 * 1024;
 /// The whole connection, once its client authenticated.
 pub const CONNECTION_WINDOW: u32 = STREAM_WINDOW;
 /// What an unauthenticated client may send (its hello and proof need a
@@ -150,8 +152,42 @@ fn tls_error(e: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, format!("QUIC TLS setup: {e}"))
 }
 
-fn conn_error(e: impl std::fmt::Display) -> io::Error {
-    io::Error::new(io::ErrorKind::ConnectionAborted, e.to_string())
+fn conn_error(e: quinn::ConnectionError) -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, described(&e))
+}
+
+/// Bytes of a peer's close reason shown (escaped: it goes in log lines).
+const REASON_SHOWN: usize = 64;
+
+/// Why a QUIC connection ended, in words; the peer's own reason escaped
+/// and cut short, so that it cannot forge a log line.
+fn described(e: &quinn::ConnectionError) -> String {
+    use quinn::ConnectionError as E;
+    let said = |r: &[u8]| match r.is_empty() {
+        true => String::new(),
+        false => {
+            let shown = r[..r.len().min(REASON_SHOWN)].escape_ascii();
+            format!(": \"{shown}\"")
+        }
+    };
+    match e {
+        E::ApplicationClosed(c) => {
+            format!("closed by peer (code {}){}", c.error_code, said(&c.reason))
+        }
+        E::ConnectionClosed(c) => format!("aborted by peer ({}){}", c.error_code, said(&c.reason)),
+        E::TimedOut => format!("timed out (nothing heard for {IDLE_TIMEOUT:?})"),
+        // Our own words (a violation this end found, a reset, a close).
+        other => other.to_string(),
+    }
+}
+
+/// `e` from a stream of `conn`, with the reason the connection ended
+/// (quinn says only "connection lost").
+fn stream_error(conn: &Connection, e: io::Error) -> io::Error {
+    match conn.close_reason() {
+        Some(why) => io::Error::new(e.kind(), format!("QUIC connection {}", described(&why))),
+        None => e,
+    }
 }
 
 /// A server's QUIC listener.
@@ -272,7 +308,9 @@ pub async fn dial(
     let name = instance
         .filter(|n| rustls::pki_types::ServerName::try_from(*n).is_ok())
         .unwrap_or(DEFAULT_NAME);
-    let connecting = endpoint.connect_with(cfg, to, name).map_err(conn_error)?;
+    let connecting = endpoint
+        .connect_with(cfg, to, name)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let conn = match tokio::time::timeout(FIRST_ANSWER, connecting).await {
         Ok(c) => c.map_err(conn_error)?,
         Err(_) => {
@@ -305,7 +343,13 @@ fn carrier(
         .max_datagram_size()
         .map(|_| DatagramPath::new(conn.clone()));
     Carrier {
-        reader: Box::new(recv),
+        reader: Box::new(QuicReader {
+            recv,
+            conn: conn.clone(),
+            reorder: Default::default(),
+            admitted: admitted.clone(),
+            ended: false,
+        }),
         writer: Box::new(QuicWriter {
             send: Some(send),
             conn: conn.clone(),
@@ -318,6 +362,66 @@ fn carrier(
         peer,
         binding,
         datagrams,
+    }
+}
+
+/// The read half: the stream read unordered and put in order
+/// ([`reorder`] says why).
+struct QuicReader {
+    recv: RecvStream,
+    conn: Connection,
+    reorder: reorder::Reorder,
+    /// Until its client is let in, a connection may make the server hold
+    /// no more than its window past a gap.
+    admitted: Arc<std::sync::atomic::AtomicBool>,
+    ended: bool,
+}
+
+impl QuicReader {
+    /// Bytes a peer may leave waiting past a gap: twice the stream window
+    /// (read unordered, quinn releases credit for them; a sender that
+    /// lost a packet sends on for a round trip or two before it repairs
+    /// it), and only its window before it is let in.
+    fn max_held(&self) -> usize {
+        match self.admitted.load(std::sync::atomic::Ordering::Relaxed) {
+            true => 2 * STREAM_WINDOW as usize,
+            false => UNAUTHENTICATED_WINDOW as usize,
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for QuicReader {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        use std::future::Future;
+        let me = self.get_mut();
+        loop {
+            if buf.remaining() == 0 || me.reorder.take_into(buf) > 0 || me.ended {
+                return Poll::Ready(Ok(()));
+            }
+            // (Cancel-safe: a new future each time loses nothing.)
+            let chunk = std::pin::pin!(me.recv.read_chunk(usize::MAX, false)).poll(cx);
+            match chunk {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(Some(c))) => {
+                    let max = me.max_held();
+                    if let Err(why) = me.reorder.insert(c.offset, c.bytes, max) {
+                        me.conn
+                            .close(VarInt::from_u32(0), b"too much held past a gap");
+                        return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
+                    }
+                }
+                Poll::Ready(Ok(None)) if me.reorder.held() == 0 => me.ended = true,
+                Poll::Ready(Ok(None)) => {
+                    let why = "QUIC stream ended with a gap in it";
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(stream_error(&me.conn, e.into()))),
+            }
+        }
     }
 }
 
@@ -340,15 +444,30 @@ impl QuicWriter {
     }
 }
 
+impl QuicWriter {
+    fn explained<T>(&self, p: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        match p {
+            Poll::Ready(Err(e)) => Poll::Ready(Err(stream_error(&self.conn, e))),
+            other => other,
+        }
+    }
+}
+
 impl AsyncWrite for QuicWriter {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
-        AsyncWrite::poll_write(self.get_mut().send(), cx, b)
+        let me = self.get_mut();
+        let p = AsyncWrite::poll_write(me.send(), cx, b);
+        me.explained(p)
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        AsyncWrite::poll_flush(self.get_mut().send(), cx)
+        let me = self.get_mut();
+        let p = AsyncWrite::poll_flush(me.send(), cx);
+        me.explained(p)
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        AsyncWrite::poll_shutdown(self.get_mut().send(), cx)
+        let me = self.get_mut();
+        let p = AsyncWrite::poll_shutdown(me.send(), cx);
+        me.explained(p)
     }
 }
 
