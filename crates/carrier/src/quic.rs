@@ -84,6 +84,22 @@ pub const DATAGRAM_SEND_BUFFER: usize = 64 * 1024;
 /// checked: keys are pinned).
 const DEFAULT_NAME: &str = "longhaul";
 
+/// The congestion controllers `quic://` has (quinn's own; the system's
+/// TCP ones do not apply to it).
+pub const CONGESTION: &str = "bbr (the default), cubic or reno";
+
+/// Checks a `--congestion` name for `quic://` up front: one line that says
+/// which names it takes.
+pub fn check_congestion(name: &str) -> io::Result<()> {
+    match name {
+        "bbr" | "cubic" | "reno" | "newreno" => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("--congestion {name:?} is not one quic:// has: give {CONGESTION}"),
+        )),
+    }
+}
+
 fn transport(congestion: Option<&str>, server: bool) -> Arc<quinn::TransportConfig> {
     use quinn::congestion;
     let mut t = quinn::TransportConfig::default();

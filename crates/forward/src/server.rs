@@ -80,7 +80,14 @@ impl Server {
         let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
         config.check().map_err(invalid)?;
         if let Some(cc) = &config.congestion {
-            longhaul_carrier::check_congestion(cc)?;
+            // Each kind of listener its own names: QUIC's are quinn's.
+            let quic = |l: &&ListenUrl| l.transport == Transport::Quic;
+            if config.listen.iter().any(|l| !quic(&l)) {
+                longhaul_carrier::check_congestion(cc)?;
+            }
+            if config.listen.iter().any(|l| quic(&l)) {
+                longhaul_carrier::quic::check_congestion(cc)?;
+            }
         }
         let tls = match &config.identity {
             Some(id) => Some(

@@ -453,3 +453,51 @@ fn jmux_mode_refuses_quic_in_one_line() {
         );
     }
 }
+
+/// A congestion control QUIC does not have (the system's TCP ones do not
+/// apply) is refused at start, in one line that names those it has.
+#[test]
+fn an_unknown_congestion_control_for_quic_is_refused_in_one_line() {
+    let dir = tmpdir("quic-cc");
+    let key = dir.join("s.key");
+    let keygen = std::process::Command::new(BIN)
+        .args(["-q", "keygen", "--out"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(keygen.status.success());
+    let key = key.to_str().unwrap();
+    for args in [
+        &[
+            "client",
+            "quic://127.0.0.1:1",
+            "--insecure",
+            "-L",
+            "1:a:1",
+            "--congestion",
+            "vegas",
+        ][..],
+        &[
+            "server",
+            "--listen",
+            "quic://127.0.0.1:1",
+            "--key",
+            key,
+            "--token",
+            "t",
+            "--allow-all",
+            "--congestion",
+            "vegas",
+        ][..],
+    ] {
+        let out = std::process::Command::new(BIN).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} started");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("\"vegas\"") && err.contains("bbr (the default), cubic or reno"),
+            "{err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
