@@ -282,6 +282,43 @@ def main():
               (r.stdout + r.stderr)[-500:])
         stop(srv)
 
+        # quic://: a Windows client with a Linux server over QUIC (quinn
+        # on Windows' UDP sockets): TCP bytes and UDP datagrams.
+        qport = free_port(socket.SOCK_DGRAM)
+        qsrv = start(["server", "--listen", f"quic://127.0.0.1:{qport}", "--key",
+                      os.path.join(work, "server.key")] + allow, log=log("linux-quic-server"))
+        time.sleep(1)
+        lport, uport = free_port(), free_port(socket.SOCK_DGRAM)
+        cli = start(["client", f"quic://127.0.0.1:{qport}", "--pin", pin,
+                     "-L", f"{lport}:127.0.0.1:{target}",
+                     "-L", f"udp:{uport}:127.0.0.1:{udp_target}"],
+                    windows=True, log=log("windows-quic-client"))
+        up = wait_port(lport, 90)
+        # Wine 8 has no IP_RECVECN, which quinn-udp 0.5 (quinn 0.11's)
+        # sets on every Windows UDP socket (quinn-udp 0.6 makes it
+        # optional): said, not failed, until the stack moves on.
+        wine_lacks_ecn = not up and "10045" in text("windows-quic-client")
+        if wine_lacks_ecn:
+            print("note: quic:// not checked under Wine: it lacks IP_RECVECN, which quinn-udp 0.5 "
+                  "needs (WSAEOPNOTSUPP, 10045); Windows 10 and later have it")
+        else:
+            check("windows client over quic://: -L up", up, text("windows-quic-client")[-2000:])
+        if up:
+            check("windows client over quic://: -L bytes compared", echo_through(lport))
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            u.settimeout(2)
+            got = None
+            for _ in range(10):
+                u.sendto(b"ping-quic", ("127.0.0.1", uport))
+                try:
+                    got = u.recvfrom(100)[0]
+                    break
+                except OSError:
+                    pass
+            check("windows client over quic://: UDP forward", got == b"ping-quic", repr(got))
+        stop(cli)
+        stop(qsrv)
+
         # A Linux client with a Windows server.
         sport = free_port()
         wsrv = start(["server", "--listen", f"127.0.0.1:{sport}", "--key",

@@ -364,6 +364,7 @@ fn carrier(
             conn: conn.clone(),
             reorder: Default::default(),
             admitted: admitted.clone(),
+            window: 0,
             ended: false,
         }),
         writer: Box::new(QuicWriter {
@@ -387,21 +388,34 @@ struct QuicReader {
     recv: RecvStream,
     conn: Connection,
     reorder: reorder::Reorder,
-    /// Until its client is let in, a connection may make the server hold
-    /// no more than its window past a gap.
+    /// Until its client is let in, a connection has the small window.
     admitted: Arc<std::sync::atomic::AtomicBool>,
+    /// The connection window this reader last asked for.
+    window: u64,
     ended: bool,
 }
 
 impl QuicReader {
-    /// Bytes a peer may leave waiting past a gap: twice the stream window
-    /// (read unordered, quinn releases credit for them; a sender that
-    /// lost a packet sends on for a round trip or two before it repairs
-    /// it), and only its window before it is let in.
-    fn max_held(&self) -> usize {
+    /// The connection's window while nothing is held.
+    fn full_window(&self) -> u64 {
         match self.admitted.load(std::sync::atomic::Ordering::Relaxed) {
-            true => 2 * STREAM_WINDOW as usize,
-            false => UNAUTHENTICATED_WINDOW as usize,
+            true => CONNECTION_WINDOW as u64,
+            false => UNAUTHENTICATED_WINDOW as u64,
+        }
+    }
+
+    /// The window less what is held, in sixteenths of it (not a change of
+    /// window per packet): the peer may have a window in flight past the
+    /// first byte not handed out, as with ordered reads.
+    fn give_back(&mut self) {
+        let full = self.full_window();
+        let step = full / 16;
+        let held = (self.reorder.held() as u64).div_ceil(step) * step;
+        let window = full.saturating_sub(held).max(step);
+        if window != self.window {
+            self.window = window;
+            self.conn
+                .set_receive_window(VarInt::from_u64(window).expect("≤ CONNECTION_WINDOW"));
         }
     }
 }
@@ -414,29 +428,32 @@ impl tokio::io::AsyncRead for QuicReader {
     ) -> Poll<io::Result<()>> {
         use std::future::Future;
         let me = self.get_mut();
-        loop {
-            if buf.remaining() == 0 || me.reorder.take_into(buf) > 0 || me.ended {
-                return Poll::Ready(Ok(()));
-            }
-            // (Cancel-safe: a new future each time loses nothing.)
+        // All quinn has, first: what it keeps unread counts against its
+        // own limit of holes. (Cancel-safe: a new future each time.)
+        while !me.ended {
             let chunk = std::pin::pin!(me.recv.read_chunk(usize::MAX, false)).poll(cx);
             match chunk {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => break,
                 Poll::Ready(Ok(Some(c))) => {
-                    let max = me.max_held();
+                    // Twice the window: a peer that ignores flow control.
+                    let max = 2 * me.full_window() as usize;
                     if let Err(why) = me.reorder.insert(c.offset, c.bytes, max) {
-                        me.conn
-                            .close(VarInt::from_u32(0), b"too much held past a gap");
+                        me.conn.close(VarInt::from_u32(1), why.as_bytes());
+                        let why = format!("QUIC stream: {why}");
                         return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
                     }
                 }
-                Poll::Ready(Ok(None)) if me.reorder.held() == 0 => me.ended = true,
-                Poll::Ready(Ok(None)) => {
-                    let why = "QUIC stream ended with a gap in it";
-                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
-                }
+                // quinn ends a stream only once every byte was read.
+                Poll::Ready(Ok(None)) => me.ended = true,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(stream_error(&me.conn, e.into()))),
             }
+        }
+        let n = me.reorder.take_into(buf);
+        me.give_back();
+        match n > 0 || buf.remaining() == 0 || me.ended {
+            true => Poll::Ready(Ok(())),
+            // quinn said Pending above: it wakes us.
+            false => Poll::Pending,
         }
     }
 }

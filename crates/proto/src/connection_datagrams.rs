@@ -36,6 +36,9 @@ pub(super) struct PathShare {
     delivered: u64,
     /// When the floor last topped the tokens up.
     floor_at: u64,
+    /// Bytes of datagrams moved into the stream (too large for the path):
+    /// acknowledged, they are no share the stream earned.
+    moved: u64,
 }
 use crate::frame::{self, Frame};
 use crate::link::CarrierId;
@@ -53,6 +56,7 @@ impl Connection {
         // not a share earned on this path.
         self.path_share.delivered = self.link().map_or(0, |l| l.replay().acked());
         self.path_share.tokens = PATH_BURST;
+        self.path_share.moved = 0;
     }
 
     /// The next datagram for the path, as one message of at most `max`
@@ -71,8 +75,11 @@ impl Connection {
                 Err(size) => (size, None),
             };
             *room = room.saturating_sub(size);
-            let t = &mut self.path_share.tokens;
-            *t = t.saturating_sub(size as u64);
+            let share = &mut self.path_share;
+            share.tokens = share.tokens.saturating_sub(size as u64);
+            if msg.is_none() {
+                share.moved += size as u64;
+            }
             if msg.is_some() {
                 return msg;
             }
@@ -91,8 +98,11 @@ impl Connection {
         };
         let busy = in_flight || self.mux.has_stream_data();
         let s = &mut self.path_share;
+        // Less the datagrams moved into the stream (counted as soon as
+        // moved; never taken back, so their acknowledgement earns nothing).
+        let delivered = delivered.saturating_sub(s.moved);
         let gained = delivered.saturating_sub(s.delivered);
-        s.delivered = delivered;
+        s.delivered = s.delivered.max(delivered);
         if !busy {
             s.tokens = PATH_BURST;
             return usize::MAX;
