@@ -195,6 +195,19 @@ def echo_through(port, size=8 << 20, midway=None):
     return hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
 
 
+def udp_echoed(port, payload):
+    """What comes back for `payload` sent to a UDP forward (up to 10 tries)."""
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.settimeout(2)
+    for _ in range(10):
+        u.sendto(payload, ("127.0.0.1", port))
+        try:
+            return u.recvfrom(100)[0]
+        except OSError:
+            pass
+    return None
+
+
 def winpath(p):
     """A Linux path as Wine's Z: drive spells it."""
     return "Z:" + p.replace("/", "\\")
@@ -246,16 +259,7 @@ def main():
                                capture_output=True)
             # The echo target sends the request back: curl sees its own GET.
             check("windows client: SOCKS5 with curl", b"GET /x" in r.stdout, repr(r.stdout[:200]))
-            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            u.settimeout(2)
-            got = None
-            for _ in range(10):
-                u.sendto(b"ping-udp", ("127.0.0.1", uport))
-                try:
-                    got = u.recvfrom(100)[0]
-                    break
-                except OSError:
-                    pass
+            got = udp_echoed(uport, b"ping-udp")
             check("windows client: UDP forward", got == b"ping-udp", repr(got))
         stop(cli)
 
@@ -305,16 +309,7 @@ def main():
             check("windows client over quic://: -L up", up, text("windows-quic-client")[-2000:])
         if up:
             check("windows client over quic://: -L bytes compared", echo_through(lport))
-            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            u.settimeout(2)
-            got = None
-            for _ in range(10):
-                u.sendto(b"ping-quic", ("127.0.0.1", uport))
-                try:
-                    got = u.recvfrom(100)[0]
-                    break
-                except OSError:
-                    pass
+            got = udp_echoed(uport, b"ping-quic")
             check("windows client over quic://: UDP forward", got == b"ping-quic", repr(got))
         stop(cli)
         stop(qsrv)
