@@ -364,7 +364,6 @@ fn carrier(
             conn: conn.clone(),
             reorder: Default::default(),
             admitted: admitted.clone(),
-            window: 0,
             ended: false,
         }),
         writer: Box::new(QuicWriter {
@@ -390,35 +389,15 @@ struct QuicReader {
     reorder: reorder::Reorder,
     /// Until its client is let in, a connection has the small window.
     admitted: Arc<std::sync::atomic::AtomicBool>,
-    /// The connection window this reader last asked for.
-    window: u64,
     ended: bool,
 }
 
-impl QuicReader {
-    /// The connection's window while nothing is held.
-    fn full_window(&self) -> u64 {
-        match self.admitted.load(std::sync::atomic::Ordering::Relaxed) {
-            true => CONNECTION_WINDOW as u64,
-            false => UNAUTHENTICATED_WINDOW as u64,
-        }
-    }
+/// In-order bytes taken from quinn ahead of the caller: past this the
+/// rest stays in quinn, under its flow control, until the caller reads.
+const READY_MAX: usize = 256 * 1024;
 
-    /// The window less what is held, in sixteenths of it (not a change of
-    /// window per packet): the peer may have a window in flight past the
-    /// first byte not handed out, as with ordered reads.
-    fn give_back(&mut self) {
-        let full = self.full_window();
-        let step = full / 16;
-        let held = (self.reorder.held() as u64).div_ceil(step) * step;
-        let window = full.saturating_sub(held).max(step);
-        if window != self.window {
-            self.window = window;
-            self.conn
-                .set_receive_window(VarInt::from_u64(window).expect("≤ CONNECTION_WINDOW"));
-        }
-    }
-}
+/// Pieces taken from quinn in one poll at most (then the task yields).
+const CHUNKS_PER_POLL: usize = 1024;
 
 impl tokio::io::AsyncRead for QuicReader {
     fn poll_read(
@@ -428,16 +407,27 @@ impl tokio::io::AsyncRead for QuicReader {
     ) -> Poll<io::Result<()>> {
         use std::future::Future;
         let me = self.get_mut();
-        // All quinn has, first: what it keeps unread counts against its
+        // What quinn has, first: what it keeps unread counts against its
         // own limit of holes. (Cancel-safe: a new future each time.)
-        while !me.ended {
+        let mut quinn_pending = false;
+        let mut taken = 0;
+        while !me.ended && me.reorder.ready_len() < READY_MAX && taken < CHUNKS_PER_POLL {
             let chunk = std::pin::pin!(me.recv.read_chunk(usize::MAX, false)).poll(cx);
+            taken += 1;
             match chunk {
-                Poll::Pending => break,
+                Poll::Pending => {
+                    quinn_pending = true;
+                    break;
+                }
                 Poll::Ready(Ok(Some(c))) => {
-                    // Twice the window: a peer that ignores flow control.
-                    let max = 2 * me.full_window() as usize;
-                    if let Err(why) = me.reorder.insert(c.offset, c.bytes, max) {
+                    // Past holes: twice the window (quinn releases credit
+                    // for what is read, in order or not; a sender repairs
+                    // a loss within a round trip or two).
+                    let window = match me.admitted.load(std::sync::atomic::Ordering::Relaxed) {
+                        true => CONNECTION_WINDOW,
+                        false => UNAUTHENTICATED_WINDOW,
+                    };
+                    if let Err(why) = me.reorder.insert(c.offset, c.bytes, 2 * window as usize) {
                         me.conn.close(VarInt::from_u32(1), why.as_bytes());
                         let why = format!("QUIC stream: {why}");
                         return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
@@ -448,13 +438,14 @@ impl tokio::io::AsyncRead for QuicReader {
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(stream_error(&me.conn, e.into()))),
             }
         }
-        let n = me.reorder.take_into(buf);
-        me.give_back();
-        match n > 0 || buf.remaining() == 0 || me.ended {
-            true => Poll::Ready(Ok(())),
-            // quinn said Pending above: it wakes us.
-            false => Poll::Pending,
+        if me.reorder.take_into(buf) > 0 || buf.remaining() == 0 || me.ended {
+            return Poll::Ready(Ok(()));
         }
+        if !quinn_pending {
+            // Stopped at the per-poll bound: come back at once.
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
     }
 }
 

@@ -11,11 +11,10 @@
 //! bounds of this crate's own.
 //!
 //! Read that way, quinn releases flow-control credit for what is read,
-//! in order or not; the reader gives back what it holds
-//! ([`Reorder::held`]) by shrinking the connection's window, so a peer may
-//! still have only a window in flight past the first byte not handed out,
-//! as with ordered reads. The bounds ([`Reorder::insert`]'s `max_held`,
-//! [`MAX_RUNS`]) stop a peer that ignores it.
+//! in order or not, so what waits past holes is bounded here
+//! ([`Reorder::insert`]'s `max_held`, [`MAX_RUNS`]): an honest sender
+//! repairs a loss within a round trip or two, and one that never fills a
+//! hole loses its carrier.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -29,6 +28,11 @@ pub const MAX_RUNS: usize = 32 * 1024;
 /// its place in a run and the run's in the map), counted in
 /// [`Reorder::held`] so that tiny pieces cannot hold many times the bound.
 pub const PIECE_COST: usize = 128;
+
+/// In-order pieces smaller than this are copied too: a slice of quinn's
+/// receive buffer pins the whole buffer (up to a batch of datagrams),
+/// which tiny pieces would multiply.
+pub const COPY_BELOW: usize = 1024;
 
 /// Pieces in order, each copied once (a run joins another by moving the
 /// pieces of the shorter, never by copying bytes again).
@@ -74,8 +78,14 @@ pub(super) struct Reorder {
 impl Reorder {
     /// What is read from quinn and not yet handed out, with each piece's
     /// [`PIECE_COST`].
+    #[cfg(test)]
     pub(super) fn held(&self) -> usize {
         self.held
+    }
+
+    /// In-order bytes ready to hand out.
+    pub(super) fn ready_len(&self) -> usize {
+        self.ready.len
     }
 
     /// Takes `data`, which starts at `offset` of the stream. Fails when
@@ -117,8 +127,8 @@ impl Reorder {
             self.hold(offset, piece);
             offset += len;
         }
-        if self.held > max_held {
-            return Err("more held past a gap than flow control allows");
+        if self.held - self.ready.cost() > max_held {
+            return Err("more held past a gap than the bound allows");
         }
         if self.runs.len() > MAX_RUNS {
             return Err("too many gaps in what arrived");
@@ -134,7 +144,7 @@ impl Reorder {
         // Out of order, a copy of its own: a slice of quinn's receive
         // buffer would pin all of it while it waits (in order, it goes
         // out soon, and the buffer with it).
-        let piece = match in_order {
+        let piece = match in_order && piece.len() >= COPY_BELOW {
             true => piece,
             false => Bytes::copy_from_slice(&piece),
         };
@@ -294,7 +304,7 @@ mod tests {
         let e = r
             .insert(2000, Bytes::from(vec![2u8; 1000]), 1500)
             .unwrap_err();
-        assert!(e.contains("flow control"), "{e}");
+        assert!(e.contains("bound"), "{e}");
         // Tiny pieces count their cost: 64 KiB holds ≈ 500, not 65 536.
         let mut r = Reorder::default();
         let mut taken = 0;

@@ -37,7 +37,8 @@ pub(super) struct PathShare {
     /// When the floor last topped the tokens up.
     floor_at: u64,
     /// Bytes of datagrams moved into the stream (too large for the path):
-    /// acknowledged, they are no share the stream earned.
+    /// without a link layer, what the writer took counts them, and they
+    /// are no share the stream earned.
     moved: u64,
 }
 use crate::frame::{self, Frame};
@@ -92,15 +93,17 @@ impl Connection {
     /// layer), else what its writer took: that stops too once the
     /// carrier's buffer is full and nothing of it is delivered.
     pub fn path_room(&mut self, now: u64) -> usize {
+        // (The link layer does not count datagrams: they are not replayed.
+        // What the writer took does; less those moved into the stream.)
         let (delivered, in_flight) = match self.link() {
             Some(l) => (l.replay().acked(), l.replay().held() as u64 > PATH_BURST),
-            None => (self.mux.stats().bytes_sent, false),
+            None => {
+                let sent = self.mux.stats().bytes_sent;
+                (sent.saturating_sub(self.path_share.moved), false)
+            }
         };
         let busy = in_flight || self.mux.has_stream_data();
         let s = &mut self.path_share;
-        // Less the datagrams moved into the stream (counted as soon as
-        // moved; never taken back, so their acknowledgement earns nothing).
-        let delivered = delivered.saturating_sub(s.moved);
         let gained = delivered.saturating_sub(s.delivered);
         s.delivered = s.delivered.max(delivered);
         if !busy {
