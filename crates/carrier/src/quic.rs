@@ -392,8 +392,9 @@ struct QuicReader {
     ended: bool,
 }
 
-/// In-order bytes taken from quinn ahead of the caller: past this the
-/// rest stays in quinn, under its flow control, until the caller reads.
+/// In-order bytes (with each piece's cost) taken from quinn ahead of the
+/// caller, while no hole waits: past this the rest stays in quinn, under
+/// its flow control, until the caller reads.
 const READY_MAX: usize = 256 * 1024;
 
 /// Pieces taken from quinn in one poll at most (then the task yields).
@@ -407,11 +408,22 @@ impl tokio::io::AsyncRead for QuicReader {
     ) -> Poll<io::Result<()>> {
         use std::future::Future;
         let me = self.get_mut();
+        let window = match me.admitted.load(std::sync::atomic::Ordering::Relaxed) {
+            true => CONNECTION_WINDOW as usize,
+            false => UNAUTHENTICATED_WINDOW as usize,
+        };
         // What quinn has, first: what it keeps unread counts against its
-        // own limit of holes. (Cancel-safe: a new future each time.)
+        // own limit of holes. In-order bytes only so far ahead of the
+        // caller; while holes wait, on (their repairs must not pile up in
+        // quinn, each a hole of its own there), within the bound below.
+        // (Cancel-safe: a new future each time.)
         let mut quinn_pending = false;
         let mut taken = 0;
-        while !me.ended && me.reorder.ready_len() < READY_MAX && taken < CHUNKS_PER_POLL {
+        let mut failed = None;
+        while !me.ended
+            && (me.reorder.ready_cost() < READY_MAX.min(window) || me.reorder.has_holes())
+            && taken < CHUNKS_PER_POLL
+        {
             let chunk = std::pin::pin!(me.recv.read_chunk(usize::MAX, false)).poll(cx);
             taken += 1;
             match chunk {
@@ -423,11 +435,7 @@ impl tokio::io::AsyncRead for QuicReader {
                     // Past holes: twice the window (quinn releases credit
                     // for what is read, in order or not; a sender repairs
                     // a loss within a round trip or two).
-                    let window = match me.admitted.load(std::sync::atomic::Ordering::Relaxed) {
-                        true => CONNECTION_WINDOW,
-                        false => UNAUTHENTICATED_WINDOW,
-                    };
-                    if let Err(why) = me.reorder.insert(c.offset, c.bytes, 2 * window as usize) {
+                    if let Err(why) = me.reorder.insert(c.offset, c.bytes, 2 * window) {
                         me.conn.close(VarInt::from_u32(1), why.as_bytes());
                         let why = format!("QUIC stream: {why}");
                         return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
@@ -435,11 +443,18 @@ impl tokio::io::AsyncRead for QuicReader {
                 }
                 // quinn ends a stream only once every byte was read.
                 Poll::Ready(Ok(None)) => me.ended = true,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(stream_error(&me.conn, e.into()))),
+                Poll::Ready(Err(e)) => {
+                    // What is in order goes out first.
+                    failed = Some(stream_error(&me.conn, e.into()));
+                    break;
+                }
             }
         }
         if me.reorder.take_into(buf) > 0 || buf.remaining() == 0 || me.ended {
             return Poll::Ready(Ok(()));
+        }
+        if let Some(e) = failed {
+            return Poll::Ready(Err(e));
         }
         if !quinn_pending {
             // Stopped at the per-poll bound: come back at once.

@@ -83,9 +83,14 @@ impl Reorder {
         self.held
     }
 
-    /// In-order bytes ready to hand out.
-    pub(super) fn ready_len(&self) -> usize {
-        self.ready.len
+    /// In-order bytes ready to hand out, with each piece's [`PIECE_COST`].
+    pub(super) fn ready_cost(&self) -> usize {
+        self.ready.cost()
+    }
+
+    /// Whether bytes wait past a hole.
+    pub(super) fn has_holes(&self) -> bool {
+        !self.runs.is_empty()
     }
 
     /// Takes `data`, which starts at `offset` of the stream. Fails when

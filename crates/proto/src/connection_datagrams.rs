@@ -21,6 +21,9 @@ use super::{Connection, Received};
 /// voice flow's (8 KB/s) never waits for the share.
 pub const PATH_BURST: u64 = 64 * 1024;
 
+/// The most the datagrams may have in hand while the stream is busy.
+pub const PATH_TOKENS_MAX: u64 = 8 * PATH_BURST;
+
 /// However little the stream delivers, the datagrams get [`PATH_BURST`]
 /// this often (≈ 2 Mbit/s): a peer that acknowledges only when it next
 /// writes (after an upload ends, up to a PING interval later) must not
@@ -110,7 +113,10 @@ impl Connection {
             s.tokens = PATH_BURST;
             return usize::MAX;
         }
-        s.tokens = s.tokens.saturating_add(gained).min(PATH_BURST.max(gained));
+        // (Capped: without a link layer, "delivered" is what the writer
+        // handed the carrier, which may take megabytes at once.)
+        let cap = PATH_BURST.max(gained).min(PATH_TOKENS_MAX);
+        s.tokens = s.tokens.saturating_add(gained).min(cap);
         if now.saturating_sub(s.floor_at) >= PATH_FLOOR_EVERY_NS {
             s.floor_at = now;
             s.tokens = s.tokens.max(PATH_BURST);
