@@ -481,9 +481,8 @@ impl QuicWriter {
     fn send(&mut self) -> Pin<&mut SendStream> {
         Pin::new(self.send.as_mut().expect("taken only on drop"))
     }
-}
 
-impl QuicWriter {
+    /// `p` with the reason the connection ended, if it failed.
     fn explained<T>(&self, p: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
         match p {
             Poll::Ready(Err(e)) => Poll::Ready(Err(stream_error(&self.conn, e))),

@@ -40,6 +40,19 @@ pub enum CarrierUrl {
     Dir(crate::folder::FolderUrl),
 }
 
+impl CarrierUrl {
+    /// Whether it is a `quic://` URL.
+    pub fn is_quic(&self) -> bool {
+        matches!(
+            self,
+            CarrierUrl::Net {
+                transport: Transport::Quic,
+                ..
+            }
+        )
+    }
+}
+
 impl Transport {
     /// Whether TLS with pinned keys runs over this transport by default.
     pub fn encrypted_by_default(&self) -> bool {

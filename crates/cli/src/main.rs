@@ -40,7 +40,6 @@ use clap::Parser;
 
 use args::{BenchCmd, Cli, Cmd, NetemArgs, NetemCmd};
 use longhaul_bench::{rr, server as bench_server, tput};
-use longhaul_carrier::{CarrierUrl, Transport};
 use longhaul_forward::Client;
 
 fn main() -> ExitCode {
@@ -397,20 +396,6 @@ async fn client(a: args::ClientArgs) -> anyhow::Result<()> {
     cfg.reconnect = !a.no_reconnect;
     cfg.wait_for_server = a.wait_for_server;
     cfg.failover = a.failover.iter().map(|f| f.url.clone()).collect();
-    if let Some(cc) = &cfg.congestion {
-        let quic = |u: &CarrierUrl| {
-            matches!(
-                u,
-                CarrierUrl::Net {
-                    transport: Transport::Quic,
-                    ..
-                }
-            )
-        };
-        if std::iter::once(&cfg.server).chain(&cfg.failover).any(quic) {
-            longhaul_carrier::quic::check_congestion(cc)?;
-        }
-    }
     if cfg.local.is_empty() && cfg.remote.is_empty() && cfg.socks.is_empty() && cfg.http.is_empty()
     {
         anyhow::bail!("nothing to forward: give at least one of -L, -R, -D or --http-proxy");

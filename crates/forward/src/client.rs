@@ -159,12 +159,14 @@ impl Client {
                 "UDP forwards need longhaul's native mode: drop --jmux, or forward TCP only"
             ));
         }
-        let quic = |u: &longhaul_carrier::CarrierUrl| matches!(u, longhaul_carrier::CarrierUrl::Net { transport, .. } if *transport == longhaul_carrier::Transport::Quic);
-        if config.session.mode == longhaul_session::Mode::Jmux && config.servers().iter().any(quic)
-        {
+        let quic = config.servers().iter().any(|u| u.is_quic());
+        if config.session.mode == longhaul_session::Mode::Jmux && quic {
             return Err(anyhow!(
                 "JMUX peers speak over TCP, TLS or WebSocket, not QUIC: use tls:// or tcp:// with --jmux"
             ));
+        }
+        if let (true, Some(cc)) = (quic, &config.congestion) {
+            longhaul_carrier::quic::check_congestion(cc)?;
         }
         let targets: HashSet<String> = config.remote.iter().map(|r| r.dest()).collect();
         let acceptor = Arc::new(ClientAcceptor {

@@ -81,11 +81,11 @@ impl Server {
         config.check().map_err(invalid)?;
         if let Some(cc) = &config.congestion {
             // Each kind of listener its own names: QUIC's are quinn's.
-            let quic = |l: &&ListenUrl| l.transport == Transport::Quic;
-            if config.listen.iter().any(|l| !quic(&l)) {
+            let quic = |l: &ListenUrl| l.transport == Transport::Quic;
+            if !config.listen.iter().all(quic) {
                 longhaul_carrier::check_congestion(cc)?;
             }
-            if config.listen.iter().any(|l| quic(&l)) {
+            if config.listen.iter().any(quic) {
                 longhaul_carrier::quic::check_congestion(cc)?;
             }
         }

@@ -70,20 +70,19 @@ impl Connection {
     /// either.
     pub fn pop_path_datagram(&mut self, max: usize, room: &mut usize) -> Option<Bytes> {
         while *room > 0 {
-            let taken = self.mux_mut().pop_datagram_within(max)?;
-            let (size, msg) = match taken {
+            let (size, msg) = match self.mux_mut().pop_datagram_within(max)? {
                 Ok(f) => {
                     let m = f.to_message();
                     (m.len(), Some(m))
                 }
-                Err(size) => (size, None),
+                Err(moved) => {
+                    self.path_share.moved += moved as u64;
+                    (moved, None)
+                }
             };
             *room = room.saturating_sub(size);
-            let share = &mut self.path_share;
-            share.tokens = share.tokens.saturating_sub(size as u64);
-            if msg.is_none() {
-                share.moved += size as u64;
-            }
+            let tokens = &mut self.path_share.tokens;
+            *tokens = tokens.saturating_sub(size as u64);
             if msg.is_some() {
                 return msg;
             }
