@@ -175,6 +175,11 @@ impl AbortHandle {
         self.0.aborted.store(true, Ordering::Release);
         self.0.wake_by_ref();
     }
+
+    /// Polls the future again (it looks at what it waits for).
+    pub fn wake(&self) {
+        self.0.wake_by_ref();
+    }
 }
 
 impl Task {

@@ -178,7 +178,7 @@ pub(crate) fn spawn_connected(
             }
         }
     });
-    shared.set_uplink(id, task.abort_handle(), local);
+    shared.set_uplink(id, task.abort_handle(), None, local);
 }
 
 impl Shared {

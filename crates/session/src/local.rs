@@ -6,7 +6,7 @@ use std::future::Future;
 use std::io;
 
 use bytes::BufMut;
-use std::task::Poll;
+use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{tcp, TcpStream};
@@ -56,9 +56,11 @@ impl LocalStream {
 }
 
 /// The read half the uplink needs: readiness, then non-blocking reads
-/// ([`read_now`]).
-pub(crate) trait LocalRead: AsyncRead + Unpin + Send + 'static {
-    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
+/// ([`read_now`]). Readiness is polled, not awaited as tokio's `readable()`
+/// future: that future is a waiter of its own, kept in every idle stream's
+/// state (≈ 100 B each).
+pub(crate) trait LocalRead: AsyncRead + Unpin + Send + Sync {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
 }
 
 /// Reads what `rd` has now into `buf`, or fails with `WouldBlock`. Unlike a
@@ -85,8 +87,8 @@ pub(crate) async fn read_now<B: BufMut + Send>(
 }
 
 /// The write half the downlink needs.
-pub(crate) trait LocalWrite: AsyncWrite + Unpin + Send + 'static {
-    fn writable(&self) -> impl Future<Output = io::Result<()>> + Send;
+pub(crate) trait LocalWrite: AsyncWrite + Unpin + Send + Sync {
+    fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize>;
     /// Ends the local connection with a reset where the transport has one
     /// (TCP): no FIN first, which would read as a clean end of data.
@@ -101,16 +103,22 @@ pub(crate) trait LocalWrite: AsyncWrite + Unpin + Send + 'static {
 macro_rules! local_halves {
     ($read:ty, $write:ty, $reset:expr, $unacked:expr) => {
         impl $crate::local::LocalRead for $read {
-            fn readable(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
-                <$read>::readable(self)
+            fn poll_read_ready(
+                &self,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                self.as_ref().poll_read_ready(cx)
             }
         }
         impl $crate::local::LocalWrite for $write {
-            fn writable(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
-                <$write>::writable(self)
+            fn poll_write_ready(
+                &self,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                self.as_ref().poll_write_ready(cx)
             }
             fn try_write_vectored(&self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
-                <$write>::try_write_vectored(self, bufs)
+                self.as_ref().try_write_vectored(bufs)
             }
             fn reset(self) {
                 let reset: fn($write) = $reset;
@@ -124,16 +132,17 @@ macro_rules! local_halves {
     };
 }
 
+// The halves of a socket borrowed by its relay (`stream::relay`): no
+// shared allocation, and dropping one does nothing to the socket, which
+// closes when the relay ends.
 local_halves!(
-    tcp::OwnedReadHalf,
-    tcp::OwnedWriteHalf,
+    tcp::ReadHalf<'_>,
+    tcp::WriteHalf<'_>,
     |w| {
-        // Closing with SO_LINGER 0 sends a reset. Dropping the half would
-        // shut down its direction first (a FIN, which the application
-        // takes for a clean end); forgetting it leaves the close to the
-        // read half's drop (the uplink ends with the stream).
+        // Closing with SO_LINGER 0 sends a reset (never a FIN first, which
+        // the application would take for a clean end); the socket closes
+        // when its relay ends.
         let _ = socket2::SockRef::from(w.as_ref()).set_linger(Some(std::time::Duration::ZERO));
-        w.forget();
     },
     // The send buffer's queued memory: unsent plus unacknowledged.
     |w| longhaul_carrier::send_space(&socket2::SockRef::from(w.as_ref())).map_or(0, |s| s.queued)
@@ -142,9 +151,9 @@ local_halves!(
 // close. (Windows' pair is TCP, covered above.)
 #[cfg(unix)]
 local_halves!(
-    tokio::net::unix::OwnedReadHalf,
-    tokio::net::unix::OwnedWriteHalf,
-    drop,
+    tokio::net::unix::ReadHalf<'_>,
+    tokio::net::unix::WriteHalf<'_>,
+    |_| {},
     |_| 0
 );
 
@@ -189,15 +198,17 @@ mod tests {
                 s.write_all(&block).await.unwrap();
             }
         });
-        let sock = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut rd, _wr) = sock.into_split();
+        let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
         let driver = crate::driver::Driver::start();
         let (tx, rx) = tokio::sync::oneshot::channel();
         driver.spawn(async move {
+            let (mut rd, _wr) = sock.split();
             let mut total = 0;
             let mut buf = bytes::BytesMut::new();
             loop {
-                rd.readable().await.unwrap();
+                std::future::poll_fn(|cx| rd.poll_read_ready(cx))
+                    .await
+                    .unwrap();
                 // Small reads: the budget runs out many times over.
                 buf.reserve(512);
                 match read_now(&mut rd, &mut (&mut buf).limit(512)).await {

@@ -21,30 +21,42 @@ use crate::stream_io::StreamIo;
 pub(crate) const UPLINK_READ: usize = 1024 * 1024;
 
 /// Waits until stream `id` may send (the peer's credit and the stream's
-/// send queue); how much, at most [`UPLINK_READ`]. None once it never may.
-/// `known`: the answer the core gave with the last send, used first (asking
-/// again would count a stall twice).
-pub(crate) async fn send_room(
-    shared: &Arc<Shared>,
+/// send queue); how much, at most [`UPLINK_READ`]. None once it never may
+/// (closed, or its uplink told to stop). `known`: the answer the core gave
+/// with the last send, used first (asking again would count a stall
+/// twice). A plain poll function, not an `async fn`: it sits in every
+/// idle stream's state, where an `async fn` keeps its arguments twice.
+/// Polled again without a signal (the relay polls both pumps on any
+/// wake-up), it looks at the signal only, not at the session.
+pub(crate) fn send_room<'a>(
+    shared: &'a Arc<Shared>,
     id: u32,
-    io: &StreamIo,
+    io: &'a StreamIo,
     mut known: Option<Option<usize>>,
-) -> Option<usize> {
-    loop {
+) -> impl std::future::Future<Output = Option<usize>> + Send + 'a {
+    let mut waiting = false;
+    std::future::poll_fn(move |cx| loop {
+        if waiting {
+            std::task::ready!(io.up.poll_notified(cx));
+            waiting = false;
+        }
+        if io.uplink_stopped() {
+            return std::task::Poll::Ready(None);
+        }
         let room = known
             .take()
             .unwrap_or_else(|| shared.peek(|m| m.send_room(id)));
         match room {
-            None => return None,
+            None => return std::task::Poll::Ready(None),
             Some(0) => {
                 shared
                     .window_stalls
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                waiting = true;
             }
-            Some(n) => return Some(n.min(UPLINK_READ)),
+            Some(n) => return std::task::Poll::Ready(Some(n.min(UPLINK_READ))),
         }
-        io.up.notified().await;
-    }
+    })
 }
 
 /// Moves what stream `id` received into `pending` (at most

@@ -58,7 +58,10 @@ pub struct SessionHandle {
 /// The runtime's side of one stream.
 pub(crate) struct StreamRt {
     pub io: Arc<StreamIo>,
+    /// The task running the uplink: the stream's relay (both pumps, see
+    /// `stream`) when `relay`, else a task of the uplink's own.
     pub uplink: Option<AbortHandle>,
+    pub relay: bool,
     /// Where it goes, and which side opened it (for `status`).
     pub dest: Arc<str>,
     pub opened_here: bool,
@@ -70,6 +73,20 @@ pub(crate) struct StreamRt {
     pub socket: Socket,
     /// A UDP flow: where the peer's datagrams go.
     pub flow: Option<Arc<dyn DatagramSink>>,
+}
+
+impl StreamRt {
+    /// The stream is closed: its uplink stops. A relay's downlink goes on
+    /// writing what is left, so the relay is woken to look, not stopped.
+    pub fn stop_uplink(&self) {
+        self.io.stop_uplink();
+        if let Some(task) = &self.uplink {
+            match self.relay {
+                true => task.wake(),
+                false => task.abort(),
+            }
+        }
+    }
 }
 
 /// A stream's local socket, as far as its pumps go.
@@ -301,13 +318,10 @@ impl Shared {
         if let (Some(why), false) = (st.conn.mux_mut().dead().map(str::to_owned), st.torn_down) {
             st.torn_down = true;
             for (_, s) in st.streams.drain() {
-                if let Some(a) = s.uplink {
-                    a.abort();
-                }
+                s.stop_uplink();
                 if let Some(sink) = s.flow {
                     sink.finished();
                 }
-                s.io.up.notify_one();
                 s.io.abort_inbox();
             }
             for (_, io) in st.lingering.drain().chain(st.unattached.drain()) {
@@ -375,15 +389,12 @@ impl Shared {
                         reset,
                         "stream closed"
                     );
-                    if let Some(a) = s.uplink {
-                        a.abort();
-                    }
+                    s.stop_uplink();
                     if let Some(sink) = s.flow {
                         // A flow has no socket of its own to drain.
                         sink.finished();
                         return;
                     }
-                    s.io.up.notify_one();
                     if st.conn.mux_mut().dead().is_some() {
                         s.io.abort_inbox();
                     } else {
@@ -510,6 +521,7 @@ impl Shared {
             StreamRt {
                 io: Arc::new(StreamIo::default()),
                 uplink: None,
+                relay: false,
                 dest: dest.into(),
                 opened_here: true,
                 since: Instant::now(),
@@ -564,6 +576,7 @@ impl Shared {
                 StreamRt {
                     io: io.clone(),
                     uplink: None,
+                    relay: false,
                     dest: dest.into(),
                     opened_here: false,
                     since: Instant::now(),

@@ -1,19 +1,22 @@
-//! The two pumps of one stream.
+//! The two pumps of one stream, and the relay that runs them as one task.
 //!
 //! Neither holds a buffer while its socket is idle: the uplink waits for the
 //! socket to be readable before it allocates one, and the downlink takes its
 //! data from the stream's inbound queue only when there is some. An idle
-//! stream costs its two tasks, its socket and its entry — a few KiB.
+//! stream costs its relay's state, its socket and its entries — about a
+//! KiB (docs/BENCHMARKS.md, 10 000 idle streams).
 
+use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
 
 use crate::driver::AbortHandle;
 use crate::inbound::{compact_parts, Part};
-use crate::local::{read_now, LocalRead, LocalStream, LocalWrite};
+use crate::local::{read_now, LocalRead, LocalStream, LocalWrite, PairStream};
 use crate::pump::{
     aborted, credit_delivered, fail, send_room, take_inbound, Inbound, LocalClosed, UPLINK_READ,
 };
@@ -29,9 +32,8 @@ const UPLINK_FIRST_READ: usize = 64 * 1024;
 /// queued frames never pin much more memory than the bytes they carry.
 const SHORT_READ_SHARE: usize = 4;
 
-/// Starts relaying between stream `id` and `sock`: its two pumps. A
-/// lease the socket came with is held by both pumps, and goes with the
-/// last of them.
+/// Starts relaying between stream `id` and `sock`. A lease the socket came
+/// with is held as long as its pumps run.
 pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
     let mut sock = sock;
     let mut leases = Vec::new();
@@ -51,17 +53,15 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
         LocalStream::Tcp(s) => s.peer_addr().ok().map(|a| a.to_string()),
         _ => None,
     };
-    let up = match sock {
+    let (up, is_relay) = match sock {
         LocalStream::Tcp(sock) => {
             let _ = longhaul_carrier::tune_socket(&sock);
-            let (r, w) = sock.into_split();
-            spawn_holding(shared, &lease, downlink(shared.clone(), id, io.clone(), w));
-            spawn_holding(shared, &lease, uplink(shared.clone(), id, io, r))
+            let relay = relay_tcp(shared.clone(), id, io.clone(), sock);
+            (spawn_holding(shared, &lease, relay), true)
         }
         LocalStream::Pair(sock) => {
-            let (r, w) = sock.into_split();
-            spawn_holding(shared, &lease, downlink(shared.clone(), id, io.clone(), w));
-            spawn_holding(shared, &lease, uplink(shared.clone(), id, io, r))
+            let relay = relay_pair(shared.clone(), id, io.clone(), sock);
+            (spawn_holding(shared, &lease, relay), true)
         }
         LocalStream::Service(pipe) => {
             let (r, w) = pipe.split();
@@ -70,15 +70,56 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
                 &lease,
                 crate::pipe_pumps::downlink(shared.clone(), id, io.clone(), w),
             );
-            spawn_holding(
-                shared,
-                &lease,
-                crate::pipe_pumps::uplink(shared.clone(), id, io, r),
-            )
+            let up = crate::pipe_pumps::uplink(shared.clone(), id, io.clone(), r);
+            (spawn_holding(shared, &lease, up), false)
         }
         LocalStream::Udp(_) | LocalStream::Leased(..) => return,
     };
-    shared.set_uplink(id, up.abort_handle(), local);
+    let relay = is_relay.then_some(&*io);
+    shared.set_uplink(id, up.abort_handle(), relay, local);
+}
+
+/// Both pumps of a TCP socket's stream as one future: one task, one state
+/// and the socket's halves borrowed rather than shared (an idle stream
+/// costs half of what two tasks did). The uplink alone stops when the
+/// stream closes ([`StreamIo::stop_uplink`]): the downlink may still have
+/// bytes to write, or a reset to give. (No wrapper futures here: each
+/// layer of `async fn` would keep its own copy of what it hands on; for
+/// the same reason these functions return `async` blocks, which use their
+/// captures in place where an `async fn` copies its arguments.)
+#[allow(clippy::manual_async_fn)] // in place, for its size (above)
+fn relay_tcp(
+    shared: Arc<Shared>,
+    id: u32,
+    io: Arc<StreamIo>,
+    mut sock: tokio::net::TcpStream,
+) -> impl Future<Output = ()> + Send {
+    async move {
+        let (rd, wr) = sock.split();
+        futures_util::future::join(
+            uplink(shared.clone(), id, io.clone(), rd),
+            downlink(shared, id, io, wr),
+        )
+        .await;
+    }
+}
+
+/// [`relay_tcp`] for a socket pair's end.
+#[allow(clippy::manual_async_fn)] // in place, for its size (above)
+fn relay_pair(
+    shared: Arc<Shared>,
+    id: u32,
+    io: Arc<StreamIo>,
+    mut sock: PairStream,
+) -> impl Future<Output = ()> + Send {
+    async move {
+        let (rd, wr) = sock.split();
+        futures_util::future::join(
+            uplink(shared.clone(), id, io.clone(), rd),
+            downlink(shared, id, io, wr),
+        )
+        .await;
+    }
 }
 
 /// Spawns `f` as one of the session's tasks, holding `lease` (if any)
@@ -100,128 +141,150 @@ fn spawn_holding<F: std::future::Future<Output = ()> + Send + 'static>(
 
 /// Local socket → DATA frames, as fast as the peer's credit and the
 /// stream's send queue allow.
-pub(crate) async fn uplink(
+#[allow(clippy::manual_async_fn)] // in place, for its size (above)
+pub(crate) fn uplink(
     shared: Arc<Shared>,
     id: u32,
     io: Arc<StreamIo>,
     mut rd: impl LocalRead,
-) {
-    let mut buf = BytesMut::new();
-    // Capacity of `buf`'s allocation when it was made.
-    let mut alloc = 0;
-    let mut size = UPLINK_FIRST_READ;
-    // Room left after the last send, asked under the same lock.
-    let mut room = None;
-    loop {
-        let Some(mut n) = send_room(&shared, id, &io, room.take()).await else {
-            return;
-        };
-        // Readiness first: an idle socket holds no buffer.
-        if buf.capacity() == 0 {
-            if let Err(err) = rd.readable().await {
-                return fail(&shared, id, err);
+) -> impl Future<Output = ()> + Send {
+    async move {
+        let mut buf = BytesMut::new();
+        // Capacity of `buf`'s allocation when it was made.
+        let mut alloc = 0;
+        let mut size = UPLINK_FIRST_READ;
+        // Room left after the last send, asked under the same lock.
+        let mut room = None;
+        loop {
+            let Some(mut n) = send_room(&shared, id, &io, room.take()).await else {
+                return;
+            };
+            // Readiness first: an idle socket holds no buffer.
+            if buf.capacity() == 0 {
+                // Ends when the stream closes (`StreamIo::stop_uplink`, which
+                // wakes the relay) as well as when the socket has data.
+                let ready = poll_fn(|cx| match io.uplink_stopped() {
+                    true => Poll::Ready(Ok(false)),
+                    false => rd.poll_read_ready(cx).map_ok(|()| true),
+                });
+                match ready.await {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(err) => return fail(&shared, id, err),
+                }
+                // Other streams may have taken the session's room meanwhile
+                // (its queue is bounded in total): ask again, with no wait
+                // between the answer and the read.
+                match shared.peek(|m| m.send_room(id)) {
+                    None => return,
+                    Some(0) => {
+                        // Counted as a stall already: wait, without asking twice.
+                        room = Some(Some(0));
+                        continue;
+                    }
+                    Some(now) => n = now.min(UPLINK_READ),
+                }
+                // A fresh buffer, never a grown one: growing a uniquely owned
+                // buffer reallocates and copies everything already sent out of
+                // it (seen at 4.5 % of the relay's CPU).
+                buf = BytesMut::with_capacity(size.min(n));
+                alloc = buf.capacity();
             }
-            // Other streams may have taken the session's room meanwhile
-            // (its queue is bounded in total): ask again, with no wait
-            // between the answer and the read.
-            match shared.peek(|m| m.send_room(id)) {
-                None => return,
-                Some(0) => {
-                    // Counted as a stall already: wait, without asking twice.
-                    room = Some(Some(0));
+            let offered = buf.capacity().min(n);
+            let k = match read_now(&mut rd, &mut (&mut buf).limit(n)).await {
+                Ok(k) => k,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Drained: let go of the buffer until data comes again.
+                    buf = BytesMut::new();
                     continue;
                 }
-                Some(now) => n = now.min(UPLINK_READ),
+                Err(err) => return fail(&shared, id, err),
+            };
+            if k == offered {
+                size = (size * 2).min(UPLINK_READ);
             }
-            // A fresh buffer, never a grown one: growing a uniquely owned
-            // buffer reallocates and copies everything already sent out of
-            // it (seen at 4.5 % of the relay's CPU).
-            buf = BytesMut::with_capacity(size.min(n));
-            alloc = buf.capacity();
-        }
-        let offered = buf.capacity().min(n);
-        let k = match read_now(&mut rd, &mut (&mut buf).limit(n)).await {
-            Ok(k) => k,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                // Drained: let go of the buffer until data comes again.
+            let data = if k * SHORT_READ_SHARE < alloc {
+                // A short read: copy it out and keep the buffer for the next.
+                let d = Bytes::copy_from_slice(&buf[..k]);
+                buf.clear();
+                d
+            } else {
+                buf.split().freeze()
+            };
+            if buf.capacity() * SHORT_READ_SHARE < alloc {
+                // What is left could only take short reads: start afresh.
                 buf = BytesMut::new();
-                continue;
             }
-            Err(err) => return fail(&shared, id, err),
-        };
-        if k == offered {
-            size = (size * 2).min(UPLINK_READ);
+            if k == 0 {
+                return shared.with(|m, _| m.send_eof(id));
+            }
+            room = Some(shared.with(|m, _| {
+                m.send(id, data);
+                m.send_room(id)
+            }));
         }
-        let data = if k * SHORT_READ_SHARE < alloc {
-            // A short read: copy it out and keep the buffer for the next.
-            let d = Bytes::copy_from_slice(&buf[..k]);
-            buf.clear();
-            d
-        } else {
-            buf.split().freeze()
-        };
-        if buf.capacity() * SHORT_READ_SHARE < alloc {
-            // What is left could only take short reads: start afresh.
-            buf = BytesMut::new();
-        }
-        if k == 0 {
-            return shared.with(|m, _| m.send_eof(id));
-        }
-        room = Some(shared.with(|m, _| {
-            m.send(id, data);
-            m.send_room(id)
-        }));
     }
 }
 
 /// Inbound DATA → local socket; credit goes back only for written bytes.
-pub(crate) async fn downlink(
+#[allow(clippy::manual_async_fn)] // in place, for its size (above)
+pub(crate) fn downlink(
     shared: Arc<Shared>,
     id: u32,
     io: Arc<StreamIo>,
     mut wr: impl LocalWrite,
-) {
-    let _closed = LocalClosed(shared.clone(), id);
-    let mut pending: Vec<Part> = Vec::new();
-    loop {
-        let Inbound {
-            eof,
-            closed,
-            reset,
-            abort,
-        } = take_inbound(&io, &mut pending);
-        if abort {
-            wr.reset();
-            return;
-        }
-        if pending.is_empty() && !eof {
-            if closed {
-                if reset {
-                    // What was written reaches the application before the
-                    // reset does (a reset discards unsent bytes).
-                    settle(&wr, &io).await;
-                    wr.reset();
-                }
+) -> impl Future<Output = ()> + Send {
+    async move {
+        let _closed = LocalClosed(shared.clone(), id);
+        let mut pending: Vec<Part> = Vec::new();
+        loop {
+            let Inbound {
+                eof,
+                closed,
+                reset,
+                abort,
+            } = take_inbound(&io, &mut pending);
+            if abort {
+                wr.reset();
                 return;
             }
-            io.down.notified().await;
-            continue;
-        }
-        if !pending.is_empty() {
-            let total: usize = pending.iter().map(|p| p.data.len()).sum();
-            if let Err(err) = write_parts(&mut wr, &mut pending, &io).await {
-                wr.reset();
-                return fail(&shared, id, err);
+            if pending.is_empty() && !eof {
+                if closed {
+                    if reset {
+                        // What was written reaches the application before the
+                        // reset does (a reset discards unsent bytes).
+                        // Boxed: rare, and in place it would double an
+                        // idle stream's state.
+                        Box::pin(settle(&wr, &io)).await;
+                        wr.reset();
+                    } else {
+                        // No more data: the application sees its end now, not
+                        // once the relay's uplink has ended too.
+                        let _ = wr.shutdown().await;
+                    }
+                    return;
+                }
+                io.down.notified().await;
+                continue;
             }
-            // Release the vector's buffer: an idle stream keeps nothing.
-            pending = Vec::new();
-            credit_delivered(&shared, id, total);
-        }
-        if eof {
-            let _ = wr.shutdown().await;
-            shared.with(|m, _| m.eof_delivered(id));
-            // Nothing may follow EOF (the core checks it).
-            return;
+            if !pending.is_empty() {
+                let total: usize = pending.iter().map(|p| p.data.len()).sum();
+                // Boxed for the same reason: a write is one allocation among
+                // many, an idle stream's state is counted in thousands.
+                if let Err(err) = Box::pin(write_parts(&mut wr, &mut pending, &io)).await {
+                    wr.reset();
+                    return fail(&shared, id, err);
+                }
+                // Release the vector's buffer: an idle stream keeps nothing.
+                pending = Vec::new();
+                credit_delivered(&shared, id, total);
+            }
+            if eof {
+                let _ = wr.shutdown().await;
+                shared.with(|m, _| m.eof_delivered(id));
+                // Nothing may follow EOF (the core checks it).
+                return;
+            }
         }
     }
 }
@@ -297,7 +360,7 @@ async fn write_parts(
                     let stalled_at =
                         stall.get_or_insert_with(|| Box::pin(tokio::time::sleep(STALLED_AFTER)));
                     let quick = tokio::select! {
-                        r = wr.writable() => Some(r),
+                        r = poll_fn(|cx| wr.poll_write_ready(cx)) => Some(r),
                         _ = io.down.notified() => Some(match io.inbox().abort {
                             true => Err(aborted()),
                             false => Ok(()),
@@ -319,7 +382,7 @@ async fn write_parts(
                 // A full socket must not keep the task (and its session)
                 // once the session is gone: the inbox says so.
                 tokio::select! {
-                    r = wr.writable() => r?,
+                    r = poll_fn(|cx| wr.poll_write_ready(cx)) => r?,
                     _ = io.down.notified() => {
                         if io.inbox().abort {
                             return Err(aborted());
@@ -377,13 +440,28 @@ impl Shared {
 
     /// Records the task reading stream `id`'s socket, so that closing the
     /// stream stops it; stops it at once if the stream is already gone.
-    pub fn set_uplink(&self, id: u32, task: AbortHandle, local: Option<String>) {
+    /// `relay`: the task is the stream's relay (its downlink too), whose
+    /// uplink stops through this inbox.
+    pub fn set_uplink(
+        &self,
+        id: u32,
+        task: AbortHandle,
+        relay: Option<&StreamIo>,
+        local: Option<String>,
+    ) {
         match self.lock().streams.get_mut(&id) {
             Some(s) => {
                 s.uplink = Some(task);
+                s.relay = relay.is_some();
                 s.local = local;
             }
-            None => task.abort(),
+            None => match relay {
+                Some(io) => {
+                    io.stop_uplink();
+                    task.wake();
+                }
+                None => task.abort(),
+            },
         }
     }
 }

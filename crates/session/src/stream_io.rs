@@ -37,19 +37,26 @@ impl Signal {
 
 pub(crate) struct Notified<'a>(&'a Signal);
 
-impl Future for Notified<'_> {
-    type Output = ();
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let s = self.0;
-        if s.set.swap(false, Ordering::AcqRel) {
+impl Signal {
+    /// Ready (and the signal taken) once one was given since the last
+    /// wait ended; otherwise `cx` is woken when one is.
+    pub fn poll_notified(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.set.swap(false, Ordering::AcqRel) {
             return Poll::Ready(());
         }
-        s.waker.register(cx.waker());
+        self.waker.register(cx.waker());
         // Given between the first look and the registration.
-        match s.set.swap(false, Ordering::AcqRel) {
+        match self.set.swap(false, Ordering::AcqRel) {
             true => Poll::Ready(()),
             false => Poll::Pending,
         }
+    }
+}
+
+impl Future for Notified<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.0.poll_notified(cx)
     }
 }
 
@@ -61,6 +68,9 @@ pub(crate) struct StreamIo {
     pub up: Signal,
     /// Wakes the downlink: data or EOF queued, or closing.
     pub down: Signal,
+    /// The stream is closed: its uplink stops reading (see
+    /// `StreamRt::stop_uplink`).
+    uplink_stopped: AtomicBool,
     inbox: Mutex<Inbox>,
 }
 
@@ -81,6 +91,16 @@ pub(crate) struct Inbox {
 }
 
 impl StreamIo {
+    /// Tells the uplink to stop; the caller wakes its task.
+    pub fn stop_uplink(&self) {
+        self.uplink_stopped.store(true, Ordering::Release);
+        self.up.notify_one();
+    }
+
+    pub fn uplink_stopped(&self) -> bool {
+        self.uplink_stopped.load(Ordering::Acquire)
+    }
+
     pub fn inbox(&self) -> MutexGuard<'_, Inbox> {
         self.inbox.lock().unwrap_or_else(|p| p.into_inner())
     }
