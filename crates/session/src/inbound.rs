@@ -34,23 +34,30 @@ pub(crate) struct Part {
 
 #[derive(Default)]
 pub(crate) struct InQueue {
+    /// What is queued; none while empty, so an idle stream's queue costs
+    /// one pointer (it is in every stream's state).
+    held: Option<Box<Held>>,
+    /// EOF arrived after everything queued.
+    pub eof: bool,
+}
+
+#[derive(Default)]
+struct Held {
     parts: VecDeque<Part>,
     /// Copied payloads not yet sealed into `parts`.
     tail: BytesMut,
     bytes: usize,
-    /// EOF arrived after everything queued.
-    pub eof: bool,
 }
 
 impl InQueue {
     /// Bytes queued.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.bytes
+        self.held.as_ref().map_or(0, |h| h.bytes)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.bytes == 0
+        self.held.is_none()
     }
 
     /// Queues a payload, as a slice when `slice_ok` and it is large enough,
@@ -59,18 +66,61 @@ impl InQueue {
         if payload.is_empty() {
             return;
         }
-        self.bytes += payload.len();
+        let h = self.held.get_or_insert_with(Default::default);
+        h.bytes += payload.len();
         if slice_ok && payload.len() >= COPY_BELOW {
-            self.seal();
-            self.parts.push_back(Part {
+            h.seal();
+            h.parts.push_back(Part {
                 data: payload,
                 owned: false,
             });
         } else {
-            self.copy_in(&payload);
+            h.copy_in(&payload);
         }
     }
 
+    /// Takes what is queued, in order, into `out` (up to `max_parts`
+    /// pieces in all); returns the bytes taken.
+    pub fn take(&mut self, out: &mut Vec<Part>, max_parts: usize) -> usize {
+        let Some(h) = self.held.as_mut() else {
+            return 0;
+        };
+        h.seal();
+        let mut taken = 0;
+        while out.len() < max_parts {
+            let Some(p) = h.parts.pop_front() else {
+                break;
+            };
+            taken += p.data.len();
+            out.push(p);
+        }
+        h.bytes -= taken;
+        if h.parts.is_empty() {
+            // Emptied: let go of the block's free room and the deque's
+            // buffer, so an idle stream holds no memory here.
+            self.held = None;
+        }
+        taken
+    }
+
+    /// Replaces every slice still queued with a copy, so the queue pins no
+    /// carrier buffer (called when the stream stops draining).
+    pub fn compact(&mut self) {
+        if let Some(h) = self.held.as_mut() {
+            h.compact();
+        }
+    }
+
+    /// How many queued parts are still slices of carrier read buffers.
+    #[cfg(test)]
+    fn slices(&self) -> usize {
+        self.held
+            .as_ref()
+            .map_or(0, |h| h.parts.iter().filter(|p| !p.owned).count())
+    }
+}
+
+impl Held {
     fn copy_in(&mut self, mut src: &[u8]) {
         while !src.is_empty() {
             if self.tail.capacity() == self.tail.len() {
@@ -96,31 +146,7 @@ impl InQueue {
         }
     }
 
-    /// Takes what is queued, in order, into `out` (up to `max_parts`
-    /// pieces in all); returns the bytes taken.
-    pub fn take(&mut self, out: &mut Vec<Part>, max_parts: usize) -> usize {
-        self.seal();
-        let mut taken = 0;
-        while out.len() < max_parts {
-            let Some(p) = self.parts.pop_front() else {
-                break;
-            };
-            taken += p.data.len();
-            out.push(p);
-        }
-        self.bytes -= taken;
-        if self.parts.is_empty() {
-            // Emptied: let go of the block's free room and the deque's
-            // buffer, so an idle stream holds no memory here.
-            self.tail = BytesMut::new();
-            self.parts = VecDeque::new();
-        }
-        taken
-    }
-
-    /// Replaces every slice still queued with a copy, so the queue pins no
-    /// carrier buffer (called when the stream stops draining).
-    pub fn compact(&mut self) {
+    fn compact(&mut self) {
         if self.parts.iter().all(|p| p.owned) {
             return;
         }
@@ -135,12 +161,6 @@ impl InQueue {
             }
         }
         self.seal();
-    }
-
-    /// How many queued parts are still slices of carrier read buffers.
-    #[cfg(test)]
-    fn slices(&self) -> usize {
-        self.parts.iter().filter(|p| !p.owned).count()
     }
 }
 

@@ -115,7 +115,9 @@ pub(crate) enum Work {
 pub(crate) struct State {
     /// The protocol: multiplexer and link layer.
     conn: Connection,
-    pub(crate) streams: StreamMap<StreamRt>,
+    /// Boxed: a table of 10 000 idle streams holds about 1.6 slots per
+    /// stream, and an empty slot costs a pointer rather than a `StreamRt`.
+    pub(crate) streams: StreamMap<Box<StreamRt>>,
     /// Openers waiting for the peer's answer.
     opens: StreamMap<OpenReply>,
     binds: StreamMap<BindReply>,
@@ -518,7 +520,7 @@ impl Shared {
         self.deadline_added_if_quiet();
         st.streams.insert(
             id,
-            StreamRt {
+            Box::new(StreamRt {
                 io: Arc::new(StreamIo::default()),
                 uplink: None,
                 relay: false,
@@ -528,7 +530,7 @@ impl Shared {
                 local: None,
                 socket: Socket::NotYet,
                 flow: None,
-            },
+            }),
         );
         self.dispatch(&mut st);
         Ok((id, rx))
@@ -573,7 +575,7 @@ impl Shared {
             let io = Arc::new(StreamIo::default());
             st.streams.insert(
                 id,
-                StreamRt {
+                Box::new(StreamRt {
                     io: io.clone(),
                     uplink: None,
                     relay: false,
@@ -583,7 +585,7 @@ impl Shared {
                     local: None,
                     socket: Socket::NotYet,
                     flow: None,
-                },
+                }),
             );
             (id, io)
         });

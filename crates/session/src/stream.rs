@@ -11,7 +11,7 @@ use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::task::Poll;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
 
 use crate::driver::AbortHandle;
@@ -191,7 +191,7 @@ pub(crate) fn uplink(
                 alloc = buf.capacity();
             }
             let offered = buf.capacity().min(n);
-            let k = match read_now(&mut rd, &mut (&mut buf).limit(n)).await {
+            let k = match read_now(&mut rd, &mut buf, n).await {
                 Ok(k) => k,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // Drained: let go of the buffer until data comes again.

@@ -2,7 +2,7 @@
 //! each sends one byte and then nothing. The client and server processes'
 //! resident memory is read from /proc and bounded per stream, with as many
 //! streams as this machine's open-file limit allows (the
-//! mission's 10 000 idle streams ≤ 64 MiB for both processes is measured
+//! goal of 10 000 idle streams ≤ 48 MiB for both processes is measured
 //! by scripts/stream_memory.py, docs/BENCHMARKS.md).
 
 use crate::common;
@@ -16,13 +16,13 @@ use std::time::Duration;
 use common::*;
 
 /// Client + server growth allowed per idle stream: what an idle stream
-/// holds without any buffer (its entries, two pump futures, its sockets'
-/// registrations). Measured here 4.1–4.5 KiB in 2026-11, 5.2–5.9 KiB since
-/// (the session's driver and UDP flows), and 6.0–6.2 KiB once under a
-/// loaded CI run; a buffer kept by an idle stream would cost tens of KiB.
+/// holds without any buffer (its entries, its relay's state, its sockets'
+/// registrations). Measured here 3.6–3.7 KiB since the relay became one
+/// task per stream (2026-11-29; 5.2–6.2 KiB before, 6.2 under a loaded CI
+/// run); a buffer kept by an idle stream would cost tens of KiB.
 /// scripts/stream_memory.py measures 10 000 release-built idle streams
-/// directly (docs/BENCHMARKS.md): 65–67 MiB for both processes.
-const PER_STREAM_KIB: u64 = 7;
+/// directly (docs/BENCHMARKS.md).
+const PER_STREAM_KIB: u64 = 5;
 
 #[test]
 fn idle_streams_cost_a_few_kib_each() {
