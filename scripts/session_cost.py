@@ -13,8 +13,9 @@ Per round, for each relay in turn (wstunnel, then each longhaul build):
     its own (`--spread` of them: keepalives at their own times, as a real
     fleet's are; longhaul only: a wstunnel client's tunnels are all one
     process);
-  * 10 000 idle streams through one -L, both processes' RSS
-    (stream_memory.py; longhaul only);
+  * 10 000 idle streams through one -L, both processes' RSS, opened as
+    fast as one client can and then 2 000 a second (stream_memory.py;
+    longhaul only);
 then loopback_vs_wstunnel.sh (1-stream iperf3 throughput, CPU seconds per
 GB of both relays, 1 B request/response p50), itself interleaved.
 
@@ -44,10 +45,11 @@ def spread_idle(lh, n, idle):
             float(us.group(1)) if us else float("nan"))
 
 
-def idle_streams(lh, n):
-    """Both processes' RSS in MiB with `n` idle streams through one -L."""
+def idle_streams(lh, n, pace=0):
+    """Both processes' RSS in MiB with `n` idle streams through one -L,
+    opened at once (`pace` 0) or `pace` a second."""
     out = subprocess.run([sys.executable, f"{HERE}/stream_memory.py", "--bin", lh,
-                          "--idle", str(n), "--busy", "0"],
+                          "--idle", str(n), "--busy", "0", "--pace", str(pace)],
                          capture_output=True, text=True, timeout=900).stdout
     m = re.search(r"together ([\d.]+) MiB \(PSS ([\d.]+) MiB\)", out)
     return (float(m.group(1)), float(m.group(2))) if m else (float("nan"), float("nan"))
@@ -92,10 +94,13 @@ def main():
             mib, pss = idle_streams(lh, a.streams)
             add(name, "streams_mib", mib)
             add(name, "streams_pss", pss)
+            paced, _ = idle_streams(lh, a.streams, 2000)
+            add(name, "streams_paced", paced)
             print(f"{name}: {r['kib_per_tunnel']:.1f} KiB/session, idle "
                   f"{rows[name]['idle_us'][-1]:.2f} us/s per session (one client process), "
                   f"{us:.2f} us/s ({a.spread} client processes, {kib:.1f} KiB/session); "
-                  f"{a.streams} idle streams {mib:.1f} MiB (PSS {pss:.1f})", flush=True)
+                  f"{a.streams} idle streams {mib:.1f} MiB (PSS {pss:.1f}; "
+                  f"{paced:.1f} opened 2 000/s)", flush=True)
     print("-- loopback: throughput, CPU per GB, rr (scripts/loopback_vs_wstunnel.sh)", flush=True)
     lb = subprocess.run(["bash", f"{HERE}/loopback_vs_wstunnel.sh", *a.builds],
                         capture_output=True, text=True,
@@ -125,6 +130,8 @@ def main():
          "{:.2f}"),
         (f"{a.streams} idle streams, both processes, MiB (RSS)", "streams_mib", "{:.1f}"),
         (f"{a.streams} idle streams, both processes, MiB (PSS: shared code once)", "streams_pss",
+         "{:.1f}"),
+        (f"{a.streams} idle streams opened 2 000/s, both processes, MiB (RSS)", "streams_paced",
          "{:.1f}"),
         ("CPU s per GB, both relays, 1 stream", "cpu_gb", "{:.3f}"),
         ("1 stream Gbit/s", "gbit", "{:.2f}"),

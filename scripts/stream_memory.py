@@ -10,7 +10,12 @@ and prints VmRSS of both processes before and after. The target runs in its
 own process, so each process here holds at most N sockets (the open-file
 limit is per process).
 
-Usage: stream_memory.py [--bin target/release/longhaul] [--idle 10000] [--busy 100]
+With --pace N the idle connections are opened N a second (in steps of
+100), so the figure is what the streams hold once open; without it they
+are opened as fast as one client can, and the figure includes what the
+burst left behind (allocator pages the opens' transient state scattered).
+
+Usage: stream_memory.py [--bin target/release/longhaul] [--idle 10000] [--busy 100] [--pace 0]
 """
 import argparse
 import os
@@ -58,6 +63,7 @@ def main():
     ap.add_argument("--bin", default="target/release/longhaul")
     ap.add_argument("--idle", type=int, default=10000)
     ap.add_argument("--busy", type=int, default=100)
+    ap.add_argument("--pace", type=int, default=0, help="idle streams opened per second (0: at once)")
     a = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -83,6 +89,8 @@ def main():
             s = socket.create_connection(("127.0.0.1", lport))
             s.send(b"x")
             conns.append(s)
+            if a.pace and len(conns) % 100 == 0:
+                time.sleep(100 / a.pace)
         time.sleep(2)
         idle = (rss_kib(client.pid), rss_kib(server.pid))
         total = idle[0] + idle[1]
