@@ -19,8 +19,8 @@ ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-5}
 RR_N=${RR_N:-5000}
 TOOL=${1#*=}   # the first longhaul binary runs the bench server and client
-IPERF_PORT=35501
-BENCH_PORT=35502
+IPERF_PORT=25501
+BENCH_PORT=25502
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() { kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
@@ -95,26 +95,26 @@ direct() {
 
 longhaul() { # label binary
   local label=$1 bin=$2
-  $bin server --listen tcp://127.0.0.1:35510 --insecure --allow 127.0.0.1:$IPERF_PORT \
+  $bin server --listen tcp://127.0.0.1:25510 --insecure --allow 127.0.0.1:$IPERF_PORT \
     --allow 127.0.0.1:$BENCH_PORT --control none >/dev/null 2>&1 &
   local s=$!
-  wait_port 35510 || return
-  $bin client tcp://127.0.0.1:35510 --insecure -L 35511:127.0.0.1:$IPERF_PORT \
-    -L 35512:127.0.0.1:$BENCH_PORT --control none >/dev/null 2>&1 &
+  wait_port 25510 || return
+  $bin client tcp://127.0.0.1:25510 --insecure -L 25511:127.0.0.1:$IPERF_PORT \
+    -L 25512:127.0.0.1:$BENCH_PORT --control none >/dev/null 2>&1 &
   local c=$!
-  wait_port 35511 && wait_port 35512 && measure "$label" 35511 35512 $c $s
+  wait_port 25511 && wait_port 25512 && measure "$label" 25511 25512 $c $s
   kill $c $s 2>/dev/null
   wait $c $s 2>/dev/null
 }
 
 wstunnel() {
-  $WSTUNNEL server ws://127.0.0.1:35520 >/dev/null 2>&1 &
+  $WSTUNNEL server ws://127.0.0.1:25520 >/dev/null 2>&1 &
   local s=$!
-  wait_port 35520 || return
-  $WSTUNNEL client -L tcp://35521:127.0.0.1:$IPERF_PORT -L tcp://35522:127.0.0.1:$BENCH_PORT \
-    ws://127.0.0.1:35520 >/dev/null 2>&1 &
+  wait_port 25520 || return
+  $WSTUNNEL client -L tcp://25521:127.0.0.1:$IPERF_PORT -L tcp://25522:127.0.0.1:$BENCH_PORT \
+    ws://127.0.0.1:25520 >/dev/null 2>&1 &
   local c=$!
-  wait_port 35521 && wait_port 35522 && measure wstunnel 35521 35522 $c $s
+  wait_port 25521 && wait_port 25522 && measure wstunnel 25521 25522 $c $s
   kill $c $s 2>/dev/null
   wait $c $s 2>/dev/null
 }

@@ -70,16 +70,21 @@ pub(crate) trait LocalRead: AsyncRead + Unpin + Send + Sync {
 /// that only says `EAGAIN` — one syscall saved per message on an
 /// interactive stream.
 ///
-/// At most `limit` bytes. A poll function that makes tokio's read future
+/// At most `limit` bytes; none once `stopped` says so (as if drained). A
+/// poll function that makes tokio's read future
 /// afresh on each poll (it holds nothing between polls): it sits in every
 /// stream's state, where a stored future would cost ≈ 40 bytes more.
 pub(crate) fn read_now<'a>(
     rd: &'a mut impl LocalRead,
     buf: &'a mut BytesMut,
     limit: usize,
+    stopped: impl Fn() -> bool + Send + 'a,
 ) -> impl Future<Output = io::Result<usize>> + Send + 'a {
     use tokio::io::AsyncReadExt;
     std::future::poll_fn(move |cx| {
+        if stopped() {
+            return Poll::Ready(Err(io::ErrorKind::WouldBlock.into()));
+        }
         let mut dst = (&mut *buf).limit(limit);
         let read = std::pin::pin!(rd.read_buf(&mut dst));
         match read.poll(cx) {
@@ -161,7 +166,10 @@ local_halves!(
 local_halves!(
     tokio::net::unix::ReadHalf<'_>,
     tokio::net::unix::WriteHalf<'_>,
-    |_| {},
+    // No reset: the service sees the end now, as it would a close.
+    |w| {
+        let _ = socket2::SockRef::from(w.as_ref()).shutdown(std::net::Shutdown::Write);
+    },
     |_| 0
 );
 
@@ -219,7 +227,7 @@ mod tests {
                     .unwrap();
                 // Small reads: the budget runs out many times over.
                 buf.reserve(512);
-                match read_now(&mut rd, &mut buf, 512).await {
+                match read_now(&mut rd, &mut buf, 512, || false).await {
                     Ok(0) => break,
                     Ok(n) => total += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}

@@ -191,7 +191,9 @@ pub(crate) fn uplink(
                 alloc = buf.capacity();
             }
             let offered = buf.capacity().min(n);
-            let k = match read_now(&mut rd, &mut buf, n).await {
+            // The stream may close while a read waits for the runtime's
+            // budget: no bytes are taken from the socket after that.
+            let k = match read_now(&mut rd, &mut buf, n, || io.uplink_stopped()).await {
                 Ok(k) => k,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // Drained: let go of the buffer until data comes again.
@@ -422,7 +424,8 @@ impl Shared {
         Some(io)
     }
 
-    /// A stream's downlink ended: its socket is closed.
+    /// A stream's downlink ended: its socket is shut down for writing (or
+    /// reset), and closes once the uplink has ended too.
     pub fn local_closed(self: &Arc<Self>, id: u32) {
         let mut st = self.lock();
         st.lingering.remove(&id);
