@@ -17,9 +17,8 @@
 //! by the wake-ups the futures give each other, as before.
 //!
 //! Bounds: the driver holds the futures of the session's tasks, which the
-//! session bounds already (one per stream, `max_streams`, two for a
-//! service's; two per carrier
-//! or lane; the timer). A panic in one of them is caught, logged, and ends
+//! session bounds already (one per stream, two for a service's stream,
+//! `max_streams`; two per carrier or lane; the timer). A panic in one of them is caught, logged, and ends
 //! that future only, as it would have ended a task of its own.
 
 use std::future::Future;

@@ -71,9 +71,9 @@ pub(crate) trait LocalRead: AsyncRead + Unpin + Send + Sync {
 /// interactive stream.
 ///
 /// At most `limit` bytes; none once `stopped` says so (as if drained). A
-/// poll function that makes tokio's read future
-/// afresh on each poll (it holds nothing between polls): it sits in every
-/// stream's state, where a stored future would cost ≈ 40 bytes more.
+/// poll function that makes tokio's read future afresh on each poll (it
+/// holds nothing between polls): it sits in every stream's state, where a
+/// stored future would cost ≈ 40 bytes more.
 pub(crate) fn read_now<'a>(
     rd: &'a mut impl LocalRead,
     buf: &'a mut BytesMut,
@@ -145,7 +145,7 @@ macro_rules! local_halves {
     };
 }
 
-// The halves of a socket borrowed by its relay (`stream::relay`): no
+// The halves of a socket borrowed by its relay (`stream::relay_tcp`): no
 // shared allocation, and dropping one does nothing to the socket, which
 // closes when the relay ends.
 local_halves!(
