@@ -79,48 +79,44 @@ pub(crate) fn spawn_pumps(shared: &Arc<Shared>, id: u32, sock: LocalStream) {
     shared.set_uplink(id, up.abort_handle(), relay, local);
 }
 
-/// Both pumps of a TCP socket's stream as one future: one task, one state
-/// and the socket's halves borrowed rather than shared (an idle stream
-/// costs half of what two tasks did). The uplink alone stops when the
-/// stream closes ([`StreamIo::stop_uplink`]): the downlink may still have
-/// bytes to write, or a reset to give. (No wrapper futures here: each
-/// layer of `async fn` would keep its own copy of what it hands on; for
-/// the same reason these functions return `async` blocks, which use their
-/// captures in place where an `async fn` copies its arguments.)
-#[allow(clippy::manual_async_fn)] // in place, for its size (above)
-fn relay_tcp(
-    shared: Arc<Shared>,
-    id: u32,
-    io: Arc<StreamIo>,
-    mut sock: tokio::net::TcpStream,
-) -> impl Future<Output = ()> + Send {
-    async move {
-        let (rd, wr) = sock.split();
-        futures_util::future::join(
-            uplink(shared.clone(), id, io.clone(), rd),
-            downlink(shared, id, io, wr),
-        )
-        .await;
-    }
+// Both pumps of a TCP socket's stream as one future: one task, one state
+// and the socket's halves borrowed rather than shared (an idle stream
+// costs half of what two tasks did). The uplink alone stops when the
+// stream closes ([`StreamIo::stop_uplink`]): the downlink may still have
+// bytes to write, or a reset to give. (No wrapper futures here: each
+// layer of `async fn` would keep its own copy of what it hands on; for
+// the same reason these functions return `async` blocks, which use their
+// captures in place where an `async fn` copies its arguments.)
+// `relay_tcp` and `relay_pair` differ only in the socket's type.
+macro_rules! relay_fn {
+    ($(#[$doc:meta])* $name:ident, $sock:ty) => {
+        $(#[$doc])*
+        #[allow(clippy::manual_async_fn)] // in place, for its size (above)
+        fn $name(
+            shared: Arc<Shared>,
+            id: u32,
+            io: Arc<StreamIo>,
+            mut sock: $sock,
+        ) -> impl Future<Output = ()> + Send {
+            async move {
+                let (rd, wr) = sock.split();
+                futures_util::future::join(
+                    uplink(shared.clone(), id, io.clone(), rd),
+                    downlink(shared, id, io, wr),
+                )
+                .await;
+            }
+        }
+    };
 }
 
-/// [`relay_tcp`] for a socket pair's end.
-#[allow(clippy::manual_async_fn)] // in place, for its size (above)
-fn relay_pair(
-    shared: Arc<Shared>,
-    id: u32,
-    io: Arc<StreamIo>,
-    mut sock: PairStream,
-) -> impl Future<Output = ()> + Send {
-    async move {
-        let (rd, wr) = sock.split();
-        futures_util::future::join(
-            uplink(shared.clone(), id, io.clone(), rd),
-            downlink(shared, id, io, wr),
-        )
-        .await;
-    }
-}
+relay_fn!(relay_tcp, tokio::net::TcpStream);
+relay_fn!(
+    /// [`relay_tcp`] for a socket pair's end (the same on Windows, whose
+    /// pair is TCP).
+    relay_pair,
+    PairStream
+);
 
 /// Spawns `f` as one of the session's tasks, holding `lease` (if any)
 /// until it ends. Without a lease `f` is spawned as it is: a wrapper would
