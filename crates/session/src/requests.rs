@@ -2,6 +2,7 @@
 //! target for its OPEN, a listener for its BIND. Started by the carrier
 //! reader once the frame is handled; each answers the core when done.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use longhaul_proto::frame::Reason;
@@ -12,40 +13,81 @@ use crate::logs::shown;
 use crate::runtime::{SessionHandle, Shared, Work};
 use crate::stream::spawn_pumps;
 
+/// Connects to targets that run at once for one session's OPENs; the rest
+/// wait in [`Connects`], in order. A burst of thousands of OPENs then
+/// holds a queue entry each (≈ 60 B), not a task with a connect in
+/// flight: those left allocator pages scattered long after the burst
+/// (docs/BENCHMARKS.md, "10 000 idle streams"), and they raced each other
+/// to the target's listen backlog.
+pub(crate) const CONNECTS_AT_ONCE: usize = 64;
+
+/// The peer's OPENs waiting for one of the [`CONNECTS_AT_ONCE`] connect
+/// tasks. Bounded by `max_streams`: the core counts an OPEN until it is
+/// answered. An entry's `open_timeout` starts when its connect does; the
+/// peer's own timeout bounds how long it waits for the answer.
+#[derive(Default)]
+pub(crate) struct Connects {
+    running: usize,
+    waiting: VecDeque<(IncomingOpen, String)>,
+}
+
 /// Connects to what the peer asked for (bounded by `open_timeout`), then
-/// answers its OPEN.
+/// answers its OPEN; waits its turn when [`CONNECTS_AT_ONCE`] connects run.
 pub(crate) fn connect_for_peer(shared: &Arc<Shared>, open: IncomingOpen, dest: String) {
     if dest.starts_with("udp://") && shared.config.mode == crate::Mode::Jmux {
         // JMUX has no datagrams: a flow could never carry one.
         let refused = Refused::new(Reason::NOT_ALLOWED, "UDP needs longhaul's native mode");
         return shared.with(|m, _| m.refuse_open(open, refused));
     }
+    {
+        let mut st = shared.lock();
+        if st.connects.running >= CONNECTS_AT_ONCE {
+            st.connects.waiting.push_back((open, dest));
+            return;
+        }
+        st.connects.running += 1;
+    }
     let me = shared.clone();
-    let fut = shared.acceptor.connect(dest.clone());
-    let limit = shared.config.open_timeout;
     tokio::spawn(async move {
-        let r = match tokio::time::timeout(limit, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(OpenRefused::new(
-                Reason::TTL_EXPIRED,
-                format!("target did not answer within {limit:?}"),
-            )),
-        };
-        match r {
-            Ok(sock) => {
-                if let Some((id, _)) = me.accepted(open, &dest) {
-                    tracing::debug!(peer = %me.peer, dest = %shown(&dest), stream = id, "stream opened by peer");
-                    spawn_pumps(&me, id, sock);
-                }
+        let mut next = Some((open, dest));
+        while let Some((open, dest)) = next {
+            connect_one(&me, open, dest).await;
+            let mut st = me.lock();
+            if st.conn().mux().dead().is_some() {
+                // Nobody is left to answer.
+                st.connects.waiting.clear();
             }
-            Err(e) => {
-                // Throttled for the whole process: the acceptor logs each
-                // session's refusals (throttled too) with their reasons.
-                crate::logs::log_refused(&me.peer, &dest, &e);
-                me.with(|m, _| m.refuse_open(open, Refused::new(e.reason, e.description)));
+            next = st.connects.waiting.pop_front();
+            if next.is_none() {
+                st.connects.running -= 1;
             }
         }
     });
+}
+
+async fn connect_one(me: &Arc<Shared>, open: IncomingOpen, dest: String) {
+    let limit = me.config.open_timeout;
+    let r = match tokio::time::timeout(limit, me.acceptor.connect(dest.clone())).await {
+        Ok(r) => r,
+        Err(_) => Err(OpenRefused::new(
+            Reason::TTL_EXPIRED,
+            format!("target did not answer within {limit:?}"),
+        )),
+    };
+    match r {
+        Ok(sock) => {
+            if let Some((id, _)) = me.accepted(open, &dest) {
+                tracing::debug!(peer = %me.peer, dest = %shown(&dest), stream = id, "stream opened by peer");
+                spawn_pumps(me, id, sock);
+            }
+        }
+        Err(e) => {
+            // Throttled for the whole process: the acceptor logs each
+            // session's refusals (throttled too) with their reasons.
+            crate::logs::log_refused(&me.peer, &dest, &e);
+            me.with(|m, _| m.refuse_open(open, Refused::new(e.reason, e.description)));
+        }
+    }
 }
 
 /// Listens where the peer asked (through the acceptor's rules), then

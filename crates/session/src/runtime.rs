@@ -122,6 +122,8 @@ pub(crate) struct State {
     opens: StreamMap<OpenReply>,
     binds: StreamMap<BindReply>,
     work: Vec<Work>,
+    /// The peer's OPENs waiting for a connect task (`requests`).
+    pub(crate) connects: crate::requests::Connects,
     /// `teardown` has run: waiters told, tasks stopping.
     torn_down: bool,
     /// The core found the carrier silent (resumable session): the
@@ -235,6 +237,7 @@ impl Shared {
                 opens: Default::default(),
                 binds: Default::default(),
                 work: Vec::new(),
+                connects: Default::default(),
                 torn_down: false,
                 silent: None,
                 lingering: Default::default(),
