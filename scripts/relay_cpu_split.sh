@@ -3,6 +3,8 @@
 # 5 s iperf3 upload through `-L`, wstunnel then a longhaul build, on
 # loopback (benchmark; docs/BENCHMARKS.md, issue 38's third part).
 #   WSTUNNEL=/path/to/wstunnel scripts/relay_cpu_split.sh target/release/longhaul
+# CLIENT_ARGS adds options to longhaul's client (e.g. --no-reconnect: no
+# resume, so no link layer and no replay buffer).
 # Only loopback ports below 32768; every process started here is killed
 # by PID at the end.
 set -u
@@ -21,6 +23,6 @@ $W client -L tcp://25721:127.0.0.1:25701 ws://127.0.0.1:25720 >/dev/null 2>&1 & 
 run wstunnel $C $S 25721; kill $C $S; wait $C $S 2>/dev/null
 B=${1:?a longhaul binary}
 $B server --listen tcp://127.0.0.1:25710 --insecure --allow 127.0.0.1:25701 --control none >/dev/null 2>&1 & S=$!; sleep 0.5
-$B client tcp://127.0.0.1:25710 --insecure -L 25711:127.0.0.1:25701 --control none >/dev/null 2>&1 & C=$!; sleep 1
+$B client tcp://127.0.0.1:25710 --insecure ${CLIENT_ARGS:-} -L 25711:127.0.0.1:25701 --control none >/dev/null 2>&1 & C=$!; sleep 1
 run longhaul $C $S 25711; kill $C $S; wait $C $S 2>/dev/null
 kill $IP
