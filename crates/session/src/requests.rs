@@ -41,28 +41,54 @@ pub(crate) fn connect_for_peer(shared: &Arc<Shared>, open: IncomingOpen, dest: S
     }
     {
         let mut st = shared.lock();
+        st.connects.waiting.push_back((open, dest));
         if st.connects.running >= CONNECTS_AT_ONCE {
-            st.connects.waiting.push_back((open, dest));
             return;
         }
         st.connects.running += 1;
     }
-    let me = shared.clone();
-    tokio::spawn(async move {
-        let mut next = Some((open, dest));
-        while let Some((open, dest)) = next {
-            connect_one(&me, open, dest).await;
+    tokio::spawn(run_connects(shared.clone()));
+}
+
+/// One of the session's connect tasks: answers queued OPENs one after
+/// another until none waits. Its place in `running` is given back under
+/// the same lock that finds the queue empty, so an OPEN queued meanwhile
+/// always finds a task.
+async fn run_connects(me: Arc<Shared>) {
+    let mut slot = ConnectSlot(Some(me.clone()));
+    loop {
+        let (open, dest) = {
             let mut st = me.lock();
             if st.conn().mux().dead().is_some() {
                 // Nobody is left to answer.
                 st.connects.waiting.clear();
             }
-            next = st.connects.waiting.pop_front();
-            if next.is_none() {
-                st.connects.running -= 1;
+            match st.connects.waiting.pop_front() {
+                Some(next) => next,
+                None => {
+                    st.connects.running -= 1;
+                    slot.0 = None;
+                    return;
+                }
+            }
+        };
+        connect_one(&me, open, dest).await;
+    }
+}
+
+/// A connect task's place, handed to a new task if the task ends without
+/// giving it back (a panic in a connect): the queue still drains.
+struct ConnectSlot(Option<Arc<Shared>>);
+
+impl Drop for ConnectSlot {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn(run_connects(shared))),
+                Err(_) => shared.lock().connects.running -= 1,
             }
         }
-    });
+    }
 }
 
 async fn connect_one(me: &Arc<Shared>, open: IncomingOpen, dest: String) {
