@@ -15,9 +15,10 @@ trap 'wineserver -k 2>/dev/null || true' EXIT
 # One wineserver for the whole run: left to itself it exits a few seconds
 # after its last process, and a process started in that moment loses it
 # ("wine client error:0: recvmsg: Connection reset by peer"). The one a
-# fresh prefix's wineboot left is waited for first.
-wineserver -w 2>/dev/null || true
-wineserver -p
+# fresh prefix's wineboot left is waited for first (killed if it stays,
+# as one left by a killed run would).
+timeout 10 wineserver -w 2>/dev/null || wineserver -k 2>/dev/null || true
+wineserver -p || true
 crates=(-p longhaul-proto -p longhaul-carrier -p longhaul-session)
 # Clippy for Windows: every crate's code, and the tests that run here (the
 # other crates' tests drive Linux namespaces and Unix sockets).

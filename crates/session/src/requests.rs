@@ -4,7 +4,9 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use futures_util::future::BoxFuture;
 use longhaul_proto::frame::Reason;
 use longhaul_proto::mux::{IncomingOpen, Refused};
 
@@ -15,65 +17,119 @@ use crate::stream::spawn_pumps;
 
 /// Connects to targets that run at once for one session's OPENs; the rest
 /// wait in [`Connects`], in order. A burst of thousands of OPENs then
-/// holds a queue entry each (≈ 60 B), not a task with a connect in
-/// flight: those left allocator pages scattered long after the burst
-/// (docs/BENCHMARKS.md, "10 000 idle streams"), and they raced each other
-/// to the target's listen backlog.
+/// holds a queue entry each, not a task with a connect in flight: those
+/// left allocator pages scattered long after the burst (docs/BENCHMARKS.md,
+/// "Fourth part"), and they raced each other to the target's backlog.
 pub(crate) const CONNECTS_AT_ONCE: usize = 64;
 
-/// The peer's OPENs waiting for one of the [`CONNECTS_AT_ONCE`] connect
-/// tasks. Bounded by `max_streams`: the core counts an OPEN until it is
-/// answered. An entry's `open_timeout` starts when its connect does; the
-/// peer's own timeout bounds how long it waits for the answer.
+/// A connect still unanswered after this long stops counting under
+/// [`CONNECTS_AT_ONCE`] (its task hands its place to a new one and ends
+/// with that connect): targets that never answer cannot hold up the
+/// session's other OPENs. At most `CONNECTS_AT_ONCE` connects turn slow
+/// per second, and each ends within `open_timeout`, so slow ones are
+/// bounded too (64 × 30 with the defaults).
+const SLOW_CONNECT: Duration = Duration::from_secs(1);
+
+/// Destinations queued at once, in bytes: a destination may be as long as
+/// a frame, and an OPEN waiting here is not yet refused by the rules.
+const QUEUED_BYTES: usize = 1 << 20;
+
+/// The peer's OPENs waiting for one of the connect tasks. At most
+/// `max_streams` entries (the core counts an OPEN until it is answered)
+/// of ≈ 48 B, plus ≤ [`QUEUED_BYTES`] of destinations. Each is answered
+/// within `open_timeout` of its arrival, queueing included.
 #[derive(Default)]
 pub(crate) struct Connects {
     running: usize,
-    waiting: VecDeque<(IncomingOpen, String)>,
+    bytes: usize,
+    waiting: VecDeque<Queued>,
 }
 
-/// Connects to what the peer asked for (bounded by `open_timeout`), then
-/// answers its OPEN; waits its turn when [`CONNECTS_AT_ONCE`] connects run.
+struct Queued {
+    open: IncomingOpen,
+    dest: String,
+    since: Instant,
+}
+
+impl Connects {
+    /// The session ended: nobody is left to answer.
+    pub(crate) fn clear(&mut self) {
+        self.waiting = VecDeque::new();
+        self.bytes = 0;
+    }
+}
+
+/// Connects to what the peer asked for, then answers its OPEN; waits its
+/// turn when [`CONNECTS_AT_ONCE`] connects run.
 pub(crate) fn connect_for_peer(shared: &Arc<Shared>, open: IncomingOpen, dest: String) {
     if dest.starts_with("udp://") && shared.config.mode == crate::Mode::Jmux {
         // JMUX has no datagrams: a flow could never carry one.
         let refused = Refused::new(Reason::NOT_ALLOWED, "UDP needs longhaul's native mode");
         return shared.with(|m, _| m.refuse_open(open, refused));
     }
-    {
-        let mut st = shared.lock();
-        st.connects.waiting.push_back((open, dest));
-        if st.connects.running >= CONNECTS_AT_ONCE {
-            return;
-        }
-        st.connects.running += 1;
+    let mut st = shared.lock();
+    if st.connects.bytes + dest.len() > QUEUED_BYTES {
+        drop(st);
+        let refused = Refused::new(Reason::GENERAL_FAILURE, "too many opens waiting to connect");
+        return shared.with(|m, _| m.refuse_open(open, refused));
     }
-    tokio::spawn(run_connects(shared.clone()));
+    st.connects.bytes += dest.len();
+    st.connects.waiting.push_back(Queued {
+        open,
+        dest,
+        since: Instant::now(),
+    });
+    if st.connects.running < CONNECTS_AT_ONCE {
+        st.connects.running += 1;
+        drop(st);
+        tokio::spawn(run_connects(shared.clone()));
+    }
 }
 
 /// One of the session's connect tasks: answers queued OPENs one after
 /// another until none waits. Its place in `running` is given back under
 /// the same lock that finds the queue empty, so an OPEN queued meanwhile
-/// always finds a task.
-async fn run_connects(me: Arc<Shared>) {
-    let mut slot = ConnectSlot(Some(me.clone()));
-    loop {
-        let (open, dest) = {
-            let mut st = me.lock();
-            if st.conn().mux().dead().is_some() {
-                // Nobody is left to answer.
-                st.connects.waiting.clear();
-            }
-            match st.connects.waiting.pop_front() {
-                Some(next) => next,
-                None => {
+/// always finds a task. Boxed: it starts tasks like itself.
+fn run_connects(me: Arc<Shared>) -> BoxFuture<'static, ()> {
+    Box::pin(async move {
+        let mut slot = ConnectSlot(Some(me.clone()));
+        loop {
+            let Queued { open, dest, since } = {
+                let mut st = me.lock();
+                if st.conn().mux().dead().is_some() {
+                    st.connects.clear();
+                }
+                let Some(q) = st.connects.waiting.pop_front() else {
+                    // Empty after a burst: let its table go too.
+                    st.connects.clear();
                     st.connects.running -= 1;
                     slot.0 = None;
                     return;
+                };
+                st.connects.bytes -= q.dest.len();
+                q
+            };
+            let limit = me.config.open_timeout;
+            let connect = connect_one(&me, open, dest, limit.saturating_sub(since.elapsed()));
+            tokio::pin!(connect);
+            tokio::select! {
+                () = &mut connect => continue,
+                () = tokio::time::sleep(SLOW_CONNECT) => {}
+            }
+            // Slow: the place goes to a new task; this one ends with its connect.
+            slot.0 = None;
+            {
+                let mut st = me.lock();
+                if st.connects.waiting.is_empty() {
+                    st.connects.running -= 1;
+                } else {
+                    drop(st);
+                    tokio::spawn(run_connects(me.clone()));
                 }
             }
-        };
-        connect_one(&me, open, dest).await;
-    }
+            return connect.await;
+        }
+    })
 }
 
 /// A connect task's place, handed to a new task if the task ends without
@@ -91,9 +147,11 @@ impl Drop for ConnectSlot {
     }
 }
 
-async fn connect_one(me: &Arc<Shared>, open: IncomingOpen, dest: String) {
+/// Connects within `left` of the OPEN's `open_timeout` (the rest went in
+/// the queue), then answers it.
+async fn connect_one(me: &Arc<Shared>, open: IncomingOpen, dest: String, left: Duration) {
     let limit = me.config.open_timeout;
-    let r = match tokio::time::timeout(limit, me.acceptor.connect(dest.clone())).await {
+    let r = match tokio::time::timeout(left, me.acceptor.connect(dest.clone())).await {
         Ok(r) => r,
         Err(_) => Err(OpenRefused::new(
             Reason::TTL_EXPIRED,

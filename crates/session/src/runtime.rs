@@ -334,6 +334,7 @@ impl Shared {
             }
             st.opens.clear();
             st.binds.clear();
+            st.connects.clear();
             self.closed_tx.send_replace(Some(why));
             self.wake_writer.notify_one();
             return;

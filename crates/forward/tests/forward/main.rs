@@ -2,6 +2,7 @@
 //! whole tree, so one per crate keeps the build short).
 
 mod common;
+mod connects;
 
 mod drain;
 mod folder;
