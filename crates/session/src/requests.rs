@@ -24,11 +24,17 @@ pub(crate) const CONNECTS_AT_ONCE: usize = 64;
 
 /// A connect still unanswered after this long stops counting under
 /// [`CONNECTS_AT_ONCE`] (its task hands its place to a new one and ends
-/// with that connect): targets that never answer cannot hold up the
-/// session's other OPENs. At most `CONNECTS_AT_ONCE` connects turn slow
-/// per second, and each ends within `open_timeout`, so slow ones are
-/// bounded too (64 × 30 with the defaults).
-const SLOW_CONNECT: Duration = Duration::from_secs(1);
+/// with that connect, or with the session). So OPENs to targets that
+/// never answer drain at 256 a second: an OPEN waits behind them only
+/// while more keep coming (7 680 outstanding fill its 30 s; `max_streams`
+/// is 16 384). A connect on a LAN or a WAN path answers well within it,
+/// so a burst stays bounded. At most 256 connects turn slow per second,
+/// each ending within `open_timeout`: ≤ 7 680 per session.
+const SLOW_CONNECT: Duration = Duration::from_millis(250);
+
+/// Taken off the `open_timeout` of an OPEN that waited in the queue, so
+/// its answer reaches the peer before the peer's own timeout gives up.
+const ANSWER_MARGIN: Duration = Duration::from_secs(2);
 
 /// Destinations queued at once, in bytes: a destination may be as long as
 /// a frame, and an OPEN waiting here is not yet refused by the rules.
@@ -36,7 +42,7 @@ const QUEUED_BYTES: usize = 1 << 20;
 
 /// The peer's OPENs waiting for one of the connect tasks. At most
 /// `max_streams` entries (the core counts an OPEN until it is answered)
-/// of ≈ 48 B, plus ≤ [`QUEUED_BYTES`] of destinations. Each is answered
+/// of ≈ 56 B, plus ≤ [`QUEUED_BYTES`] of destinations. Each is answered
 /// within `open_timeout` of its arrival, queueing included.
 #[derive(Default)]
 pub(crate) struct Connects {
@@ -70,8 +76,9 @@ pub(crate) fn connect_for_peer(shared: &Arc<Shared>, open: IncomingOpen, dest: S
     let mut st = shared.lock();
     if st.connects.bytes + dest.len() > QUEUED_BYTES {
         drop(st);
-        let refused = Refused::new(Reason::GENERAL_FAILURE, "too many opens waiting to connect");
-        return shared.with(|m, _| m.refuse_open(open, refused));
+        let why = "too many opens waiting to connect";
+        crate::logs::log_refused(&shared.peer, &dest, &why);
+        return shared.with(|m, _| m.refuse_open(open, Refused::new(Reason::GENERAL_FAILURE, why)));
     }
     st.connects.bytes += dest.len();
     st.connects.waiting.push_back(Queued {
@@ -109,8 +116,7 @@ fn run_connects(me: Arc<Shared>) -> BoxFuture<'static, ()> {
                 st.connects.bytes -= q.dest.len();
                 q
             };
-            let limit = me.config.open_timeout;
-            let connect = connect_one(&me, open, dest, limit.saturating_sub(since.elapsed()));
+            let connect = connect_one(&me, open, dest, since.elapsed());
             tokio::pin!(connect);
             tokio::select! {
                 () = &mut connect => continue,
@@ -127,7 +133,12 @@ fn run_connects(me: Arc<Shared>) -> BoxFuture<'static, ()> {
                     tokio::spawn(run_connects(me.clone()));
                 }
             }
-            return connect.await;
+            let mut closed = me.closed_tx.subscribe();
+            tokio::select! {
+                () = connect => {}
+                _ = closed.wait_for(|c| c.is_some()) => {}
+            }
+            return;
         }
     })
 }
@@ -147,16 +158,33 @@ impl Drop for ConnectSlot {
     }
 }
 
-/// Connects within `left` of the OPEN's `open_timeout` (the rest went in
-/// the queue), then answers it.
-async fn connect_one(me: &Arc<Shared>, open: IncomingOpen, dest: String, left: Duration) {
+/// Connects within what is left of the OPEN's `open_timeout` after it
+/// `waited` in the queue, then answers it.
+async fn connect_one(me: &Arc<Shared>, open: IncomingOpen, dest: String, waited: Duration) {
     let limit = me.config.open_timeout;
-    let r = match tokio::time::timeout(left, me.acceptor.connect(dest.clone())).await {
-        Ok(r) => r,
-        Err(_) => Err(OpenRefused::new(
+    let left = match waited < SLOW_CONNECT {
+        true => limit,
+        false => limit.saturating_sub(waited + ANSWER_MARGIN),
+    };
+    let expired = || {
+        let queued = match waited < SLOW_CONNECT {
+            true => String::new(),
+            false => format!(
+                " ({:.1} s of them waiting to connect)",
+                waited.as_secs_f32()
+            ),
+        };
+        OpenRefused::new(
             Reason::TTL_EXPIRED,
-            format!("target did not answer within {limit:?}"),
-        )),
+            format!("target did not answer within {limit:?}{queued}"),
+        )
+    };
+    let r = match left.is_zero() {
+        true => Err(expired()),
+        false => match tokio::time::timeout(left, me.acceptor.connect(dest.clone())).await {
+            Ok(r) => r,
+            Err(_) => Err(expired()),
+        },
     };
     match r {
         Ok(sock) => {
