@@ -181,9 +181,10 @@ mod tests {
     use super::*;
 
     fn expand_with(toml: &str, args: &[&str]) -> Result<Vec<String>, String> {
-        let dir = std::env::temp_dir().join(format!("lh-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join(format!("{}.toml", toml.len()));
+        // A file of its own per call (tests run in parallel), removed below.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let f = std::env::temp_dir().join(format!("lh-config-{}-{n}.toml", std::process::id()));
         std::fs::write(&f, toml).unwrap();
         let mut argv: Vec<OsString> = vec![
             "longhaul".into(),

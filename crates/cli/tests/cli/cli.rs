@@ -249,6 +249,7 @@ fn server_and_client_processes_forward_intact_and_exit_on_refused_bind() {
     // Keys made by the CLI itself; the client is authorized by its key and
     // pins the server's.
     let dir = tmpdir("procs");
+    let _gone = RemovedOnDrop(dir.clone());
     let (skey, sfp) = keygen(&dir, "server.key");
     let (ckey, cfp) = keygen(&dir, "client.key");
     let ak = dir.join("authorized_keys");

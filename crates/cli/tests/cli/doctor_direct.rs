@@ -75,6 +75,8 @@ fn direct_is_refused_where_the_clients_address_is_unknown() {
 #[test]
 fn direct_listens_where_the_client_came_in_and_serves_only_it() {
     let port = free_port();
+    let dir = tmpdir("doctor-direct");
+    let _gone = RemovedOnDrop(dir.clone());
     let _server = spawn_logged(
         &[
             "server",
@@ -84,7 +86,7 @@ fn direct_listens_where_the_client_came_in_and_serves_only_it() {
             "--control",
             "none",
         ],
-        &tmpdir("doctor-direct").join("server.log"),
+        &dir.join("server.log"),
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {

@@ -37,6 +37,7 @@ fn idle_sessions_cost_a_few_tens_of_kib_each() {
 
     let (tport, accepted) = holding_target();
     let dir = tmpdir("idle-sessions");
+    let _gone = RemovedOnDrop(dir.clone());
     let sfp = keys(&dir);
     let sport = free_port();
     let url = format!("tls://127.0.0.1:{sport}");
@@ -127,6 +128,7 @@ fn idle_sessions_cost_a_few_tens_of_kib_each() {
 fn a_quiet_server_holds_max_sessions() {
     let (tport, _) = holding_target();
     let dir = tmpdir("quiet-max-sessions");
+    let _gone = RemovedOnDrop(dir.clone());
     let sfp = keys(&dir);
     let shared = dir.join("shared");
     std::fs::create_dir(&shared).unwrap();

@@ -49,6 +49,8 @@ fn idle_streams_cost_a_few_kib_each() {
 
     let sport = free_port();
     let lport = free_port();
+    let dir = tmpdir("idle-streams");
+    let _gone = RemovedOnDrop(dir.clone());
     let server = spawn_logged(
         &[
             "server",
@@ -58,7 +60,7 @@ fn idle_streams_cost_a_few_kib_each() {
             "--allow",
             &format!("127.0.0.1:{tport}"),
         ],
-        &std::env::temp_dir().join(format!("lh-idle-server-{}.log", std::process::id())),
+        &dir.join("server.log"),
     );
     wait_port(sport);
     let client = spawn_logged(
@@ -69,7 +71,7 @@ fn idle_streams_cost_a_few_kib_each() {
             "-L",
             &format!("{lport}:127.0.0.1:{tport}"),
         ],
-        &std::env::temp_dir().join(format!("lh-idle-client-{}.log", std::process::id())),
+        &dir.join("client.log"),
     );
     // `wait_port` opens (and closes) one stream; warm up with a few more so
     // the baseline includes the session's fixed costs.

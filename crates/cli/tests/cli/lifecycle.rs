@@ -75,6 +75,7 @@ fn sigterm(k: &Kill) {
 fn sigterm_closes_live_sessions_and_the_server_exits_cleanly() {
     let (mut server, mut client, mut s, dir) =
         server_client_stream("sigterm", &["--drain-timeout", "0"], &["--no-reconnect"]);
+    let _gone = RemovedOnDrop(dir.clone());
     let t = Instant::now();
     sigterm(&server);
     let st = wait_exit(&mut server, 5);
@@ -103,6 +104,7 @@ fn a_first_sigterm_drains_and_a_second_one_stops_at_once() {
     // A client that goes on after the server stops (it reconnects): the
     // reset of the cut stream is its to deliver, not a process exit's.
     let (mut server, _client, mut s, dir) = server_client_stream("drain", &[], &[]);
+    let _gone = RemovedOnDrop(dir.clone());
     sigterm(&server);
     // Draining: the open stream goes on, the server with it.
     for _ in 0..3 {
@@ -155,6 +157,7 @@ fn a_reverse_forward_out_of_file_descriptors_does_not_spin() {
     let sport = free_port();
     let rport = free_port();
     let dir = tmpdir("emfile");
+    let _gone = RemovedOnDrop(dir.clone());
     // The server may hold only 64 descriptors.
     let server = Kill(
         Command::new("sh")
@@ -227,6 +230,7 @@ fn a_restarted_server_gets_a_fresh_session_and_the_old_streams_are_reset() {
     let lport = free_port();
     let rport = free_port();
     let dir = tmpdir("restart");
+    let _gone = RemovedOnDrop(dir.clone());
     let server_args = [
         "server".to_string(),
         "--listen".into(),

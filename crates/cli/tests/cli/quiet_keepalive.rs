@@ -92,6 +92,7 @@ fn a_quiet_session_pings_rarely_lives_on_and_still_finds_a_dead_path() {
     let tport = echo_target();
     let sport = free_port();
     let dir = tmpdir("quiet-keepalive");
+    let _gone = RemovedOnDrop(dir.clone());
     // dead after 3 s: a PING every second while data moves; every 6 s
     // while quiet, so each side allows 3 + 6 s of silence. The client
     // offers a longer quiet interval: the shorter one (the server's) is

@@ -88,7 +88,7 @@ struct Tunnel {
     remote: u16,
     socks: u16,
     http: u16,
-    _dir: std::path::PathBuf,
+    _dir: RemovedOnDrop,
 }
 
 /// A server and a client with `-L local → target`, `-R remote → target`,
@@ -137,7 +137,7 @@ fn tunnel(name: &str, tport: u16) -> Tunnel {
         remote,
         socks,
         http,
-        _dir: dir,
+        _dir: RemovedOnDrop(dir),
     }
 }
 

@@ -137,6 +137,7 @@ fn dig_reaches_a_real_resolver_through_a_udp_forward() {
         return;
     };
     let dir = tmpdir("udp-dns");
+    let _gone = RemovedOnDrop(dir.clone());
     let dns = free_dual_port();
     let _dns = resolver(bin, dns, &dir);
     // The resolver answers directly first (it may take a moment to start).
@@ -159,6 +160,7 @@ fn a_server_that_allows_no_udp_to_the_resolver_answers_nothing() {
         return;
     };
     let dir = tmpdir("udp-dns-refused");
+    let _gone = RemovedOnDrop(dir.clone());
     let dns = free_dual_port();
     let _dns = resolver(bin, dns, &dir);
     wait_resolver(dns, &dir);
@@ -184,6 +186,7 @@ fn a_server_that_allows_no_udp_to_the_resolver_answers_nothing() {
 #[test]
 fn bench_udp_measures_a_direct_path_and_a_forward() {
     let dir = tmpdir("bench-udp");
+    let _gone = RemovedOnDrop(dir.clone());
     let bport = free_port();
     let baddr = format!("127.0.0.1:{bport}");
     let _bench = spawn_logged(

@@ -61,6 +61,16 @@ pub fn wait_port(port: u16) {
     }
 }
 
+/// Removes a test's folder when dropped: declared right after the folder,
+/// it goes after the processes declared later, which may write there.
+pub struct RemovedOnDrop(pub std::path::PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 pub fn tmpdir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("lh-cli-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
