@@ -12,8 +12,17 @@ use longhaul_proto::mux::{IncomingOpen, Refused};
 
 use crate::config::OpenRefused;
 use crate::logs::shown;
-use crate::runtime::{SessionHandle, Shared, Work};
+use crate::runtime::{SessionHandle, Shared};
 use crate::stream::spawn_pumps;
+
+/// What the peer asked for that needs a task: started by the reader
+/// (`reader`) once the frame is handled.
+pub(crate) enum Work {
+    /// Connect to `dest`, then answer the OPEN.
+    Connect(IncomingOpen, String),
+    /// Listen on `bind` for streams to `dest`, then answer the BIND.
+    Bind(u32, String, String),
+}
 
 /// Connects to targets that run at once for one session's OPENs; the rest
 /// wait in [`Connects`], in order. A burst of thousands of OPENs then
@@ -162,29 +171,33 @@ impl Drop for ConnectSlot {
 /// `waited` in the queue, then answers it.
 async fn connect_one(me: &Arc<Shared>, open: IncomingOpen, dest: String, waited: Duration) {
     let limit = me.config.open_timeout;
-    let left = match waited < SLOW_CONNECT {
-        true => limit,
-        false => limit.saturating_sub(waited + ANSWER_MARGIN),
+    let queued = waited >= SLOW_CONNECT;
+    let left = if queued {
+        limit.saturating_sub(waited + ANSWER_MARGIN)
+    } else {
+        limit
     };
     let expired = || {
-        let queued = match waited < SLOW_CONNECT {
-            true => String::new(),
-            false => format!(
+        let why = if queued {
+            format!(
                 " ({:.1} s of them waiting to connect)",
                 waited.as_secs_f32()
-            ),
+            )
+        } else {
+            String::new()
         };
         OpenRefused::new(
             Reason::TTL_EXPIRED,
-            format!("target did not answer within {limit:?}{queued}"),
+            format!("target did not answer within {limit:?}{why}"),
         )
     };
-    let r = match left.is_zero() {
-        true => Err(expired()),
-        false => match tokio::time::timeout(left, me.acceptor.connect(dest.clone())).await {
+    let r = if left.is_zero() {
+        Err(expired())
+    } else {
+        match tokio::time::timeout(left, me.acceptor.connect(dest.clone())).await {
             Ok(r) => r,
             Err(_) => Err(expired()),
-        },
+        }
     };
     match r {
         Ok(sock) => {

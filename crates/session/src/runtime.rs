@@ -17,6 +17,7 @@ use crate::config::DatagramSink;
 use crate::config::{BoxFuture, OpenRefused, SessionConfig};
 use crate::driver::{AbortHandle, Driver, Task};
 use crate::local::LocalStream;
+use crate::requests::Work;
 use crate::stream_io::StreamIo;
 use crate::tasks::CarrierSlot;
 use longhaul_proto::frame::Reason;
@@ -102,15 +103,6 @@ pub(crate) enum Socket {
 
 type OpenReply = oneshot::Sender<Result<(), OpenRefused>>;
 type BindReply = oneshot::Sender<Result<u16, OpenRefused>>;
-
-/// What the peer asked for that needs a task: started by the reader
-/// (`reader`) once the frame is handled.
-pub(crate) enum Work {
-    /// Connect to `dest`, then answer the OPEN.
-    Connect(IncomingOpen, String),
-    /// Listen on `bind` for streams to `dest`, then answer the BIND.
-    Bind(u32, String, String),
-}
 
 pub(crate) struct State {
     /// The protocol: multiplexer and link layer.
