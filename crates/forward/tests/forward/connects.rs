@@ -6,19 +6,25 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use common::*;
 use longhaul_forward::rules::{BindRules, Rules};
+use longhaul_proto::frame::{self, DecodeLimits, Frame, MAX_FRAME_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// A target that never answers: a listener that never accepts, with a
+/// backlog of 1. Once its queue is full the kernel drops further SYNs,
+/// so connects to it hang until the server's connect timeout (10 s).
+fn silent_target() -> TcpListener {
+    let hole = TcpSocket::new_v4().unwrap();
+    hole.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    hole.listen(1).unwrap()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_targets_do_not_hold_up_other_opens() {
-    // A target that never answers: a listener that never accepts, with a
-    // backlog of 1. Once its queue is full the kernel drops further SYNs,
-    // so connects to it hang until the server's connect timeout (10 s).
-    let hole = TcpSocket::new_v4().unwrap();
-    hole.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let hole = hole.listen(1).unwrap();
+    let hole = silent_target();
     let hole_addr = hole.local_addr().unwrap();
     let echo = echo_server().await;
     let rules = Rules::new(
@@ -53,4 +59,85 @@ async fn silent_targets_do_not_hold_up_other_opens() {
         t.elapsed()
     );
     drop((held, hole));
+}
+
+/// OPENs in pairs: one to the silent target, one with a frame-long
+/// destination (never allowed) queued behind it.
+const PAIRS: u32 = 600;
+/// Growth of the server's peak memory allowed: the queue's 1 MiB of
+/// destinations, the slow connects' tasks and sockets, read buffers and
+/// allocator slack: 6 MiB measured; 38 MiB without the cap.
+const GROWTH: u64 = 16 << 20;
+
+/// The destinations waiting for a connect are capped per session (1 MiB):
+/// a peer that keeps every connect busy with targets that never answer,
+/// and queues OPENs with destinations as long as a frame behind them,
+/// gets those refused, and the server's memory does not follow what it
+/// sent (≈ 39 MB of destinations).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_destinations_stay_within_their_cap() {
+    if !common::alone(module_path!(), "queued_destinations_stay_within_their_cap") {
+        return;
+    }
+    // One socket per slow connect.
+    let _ = longhaul_files::raise_nofile_limit();
+    let hole = silent_target();
+    let hole_addr = hole.local_addr().unwrap();
+    let rules = Rules::new(vec![hole_addr.to_string().parse().unwrap()], false);
+    let server = start_server(rules, BindRules::default()).await;
+    let before = status_bytes("VmRSS:");
+
+    let (mut rd, mut wr) = native_peer(server).await.into_split();
+    // Answers to the long OPENs (odd ids): how many, and how many of them
+    // were refused for the queue's cap.
+    let answers = tokio::spawn(async move {
+        let mut buf = BytesMut::new();
+        let (mut answered, mut capped) = (0u32, 0u32);
+        while answered < PAIRS {
+            if let Some(f) = frame::decode(&mut buf, DecodeLimits::default()).unwrap() {
+                if let Frame::OpenFailure {
+                    recipient,
+                    description,
+                    ..
+                } = f
+                {
+                    if recipient % 2 == 1 {
+                        answered += 1;
+                        capped += u32::from(description.contains("waiting to connect"));
+                    }
+                }
+                continue;
+            }
+            if rd.read_buf(&mut buf).await.unwrap() == 0 {
+                panic!("the server ended the session after {answered} answers");
+            }
+        }
+        capped
+    });
+    // Fits a frame (10 bytes of OPEN before it); no port, so it is refused
+    // as soon as a connect task looks at it (a name would be looked up).
+    let long = format!("tcp://{}", "a".repeat(MAX_FRAME_LEN - 10 - 6 - 16));
+    for i in 0..PAIRS {
+        for (sender, dest) in [
+            (2 * i, format!("tcp://{hole_addr}")),
+            (2 * i + 1, long.clone()),
+        ] {
+            let open = Frame::Open {
+                sender,
+                window: 1 << 16,
+                max_packet: u16::MAX,
+                dest,
+            };
+            wr.write_all(&open.to_bytes().unwrap()).await.unwrap();
+        }
+    }
+    let capped = within(60, answers).await.unwrap();
+    let growth = status_bytes("VmHWM:").saturating_sub(before);
+    assert!(
+        growth < GROWTH,
+        "the server grew by {} MiB ({capped} OPENs refused for the cap)",
+        growth >> 20
+    );
+    assert!(capped > 0, "no OPEN was refused for the queue's cap");
+    drop((wr, hole));
 }

@@ -88,6 +88,23 @@ pub struct MuxConfig {
     pub resumable: bool,
 }
 
+/// Longest refusal description sent to the peer, in bytes; longer ones
+/// are cut at a character and end in "…".
+pub const MAX_DESCRIPTION: usize = 1024;
+
+/// Cuts `s` to at most `max` bytes (≥ 3), ending in "…" when cut.
+fn shorten(s: &mut String, max: usize) {
+    if s.len() <= max {
+        return;
+    }
+    let mut end = max - '…'.len_utf8();
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s.push('…');
+}
+
 /// Why an OPEN or BIND was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
@@ -455,9 +472,17 @@ impl Mux {
         allowed.clamp(1, self.cfg.send_max_payload)
     }
 
-    fn send_control(&mut self, f: Frame) {
+    fn send_control(&mut self, mut f: Frame) {
+        // A refusal may quote what the peer asked for, which can be as long
+        // as a frame: cut, the answer still fits and still goes out.
+        if let Frame::OpenFailure { description, .. } | Frame::BindFailure { description, .. } =
+            &mut f
+        {
+            shorten(description, MAX_DESCRIPTION);
+        }
         let Ok(b) = f.to_bytes() else {
-            // Only an over-long string could fail; such frames are never built.
+            // Only an over-long string could fail: descriptions are cut
+            // above, and no other frame carries the peer's strings back.
             return;
         };
         self.control_bytes += b.len();

@@ -1,14 +1,15 @@
-//! DATA frames on a slow path are cut short: a frame once started must be
-//! written whole, so whatever is queued behind it (a keystroke, a
-//! datagram) waits for all of it.
+//! Frames the core writes: DATA frames on a slow path are cut short (a
+//! frame once started must be written whole, so whatever is queued behind
+//! it, a keystroke or a datagram, waits for all of it); a refusal that
+//! quotes a frame-long destination is cut to fit.
 
 use crate::mux_common;
 
 use std::collections::VecDeque;
 
-use bytes::Bytes;
-use longhaul_proto::frame::{Frame, MAX_DATA_PAYLOAD};
-use longhaul_proto::mux::{Event, Mux, MuxConfig, MIN_FRAME_CAP};
+use bytes::{Bytes, BytesMut};
+use longhaul_proto::frame::{self, DecodeLimits, Frame, Reason, MAX_DATA_PAYLOAD, MAX_FRAME_LEN};
+use longhaul_proto::mux::{Event, Mux, MuxConfig, Refused, MAX_DESCRIPTION, MIN_FRAME_CAP};
 use longhaul_proto::window::WindowConfig;
 
 /// Large windows and queues, frames as large as the protocol allows.
@@ -80,4 +81,52 @@ fn a_slow_path_gets_smaller_data_frames() {
     m.set_path_rate(1_000_000_000);
     let sizes = frames_for(&mut m, id, 70_000);
     assert_eq!(sizes, vec![MAX_DATA_PAYLOAD, 70_000 - MAX_DATA_PAYLOAD]);
+}
+
+/// The peer's OPEN names a destination as long as a frame, and the refusal
+/// quotes it: the OPEN_FAILURE still goes out (an over-long frame used to
+/// be dropped, leaving the OPEN unanswered), its description cut.
+#[test]
+fn a_refusal_quoting_a_long_destination_still_goes_out() {
+    let mut m = mux();
+    let dest = format!("tcp://{}", "é".repeat((MAX_FRAME_LEN - 32) / 2));
+    m.handle_frame(
+        Frame::Open {
+            sender: 9,
+            window: 1 << 16,
+            max_packet: u16::MAX,
+            dest: dest.clone(),
+        },
+        0,
+    )
+    .unwrap();
+    let open = match m.poll_event() {
+        Some(Event::OpenRequest { open, .. }) => open,
+        e => panic!("{e:?}"),
+    };
+    let why = format!("unsupported destination '{dest}'");
+    m.refuse_open(open, Refused::new(Reason::ADDRESS_TYPE_NOT_SUPPORTED, why));
+    let mut batch = VecDeque::new();
+    m.poll_transmit(&mut batch, usize::MAX, usize::MAX);
+    let mut wire = BytesMut::new();
+    for f in batch {
+        wire.extend_from_slice(f.head());
+        wire.extend_from_slice(&f.body);
+    }
+    match frame::decode(&mut wire, DecodeLimits::default()).unwrap() {
+        Some(Frame::OpenFailure {
+            recipient: 9,
+            description,
+            ..
+        }) => {
+            assert!(
+                description.len() <= MAX_DESCRIPTION,
+                "{}",
+                description.len()
+            );
+            assert!(description.starts_with("unsupported destination 'tcp://éé"));
+            assert!(description.ends_with('…'));
+        }
+        f => panic!("expected the OPEN_FAILURE, got {f:?}"),
+    }
 }
