@@ -23,9 +23,9 @@ impl Kill {
     }
 }
 
-/// A port free now, never one handed out before in this process: two
-/// asked for in a row (a server's two listeners) must not be the same
-/// once both are closed again.
+/// A port free now for TCP and UDP, never one handed out before in this
+/// process: two asked for in a row (a server's two listeners) must not be
+/// the same once both are closed again.
 pub fn free_port() -> u16 {
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
@@ -35,7 +35,10 @@ pub fn free_port() -> u16 {
             .local_addr()
             .unwrap()
             .port();
-        if !given.contains(&port) {
+        // Free for UDP as well: QUIC carriers and UDP forwards take the
+        // same number there.
+        let udp_free = std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok();
+        if udp_free && !given.contains(&port) {
             given.push(port);
             return port;
         }
