@@ -4,6 +4,8 @@
 
 use crate::common;
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -88,12 +90,14 @@ async fn queued_destinations_stay_within_their_cap() {
     let before = status_bytes("VmRSS:");
 
     let (mut rd, mut wr) = native_peer(server).await.into_split();
-    // Answers to the long OPENs (odd ids): how many, and how many of them
+    // Answers to the long OPENs (odd ids) so far, and how many of them
     // were refused for the queue's cap.
+    let answered = Arc::new(AtomicU32::new(0));
+    let seen = answered.clone();
     let answers = tokio::spawn(async move {
         let mut buf = BytesMut::new();
-        let (mut answered, mut capped) = (0u32, 0u32);
-        while answered < PAIRS {
+        let mut capped = 0u32;
+        while seen.load(Ordering::Relaxed) < PAIRS {
             if let Some(f) = frame::decode(&mut buf, DecodeLimits::default()).unwrap() {
                 if let Frame::OpenFailure {
                     recipient,
@@ -102,36 +106,47 @@ async fn queued_destinations_stay_within_their_cap() {
                 } = f
                 {
                     if recipient % 2 == 1 {
-                        answered += 1;
-                        capped += u32::from(description.contains("waiting to connect"));
+                        seen.fetch_add(1, Ordering::Relaxed);
+                        capped += u32::from(description == "too many opens waiting to connect");
                     }
                 }
                 continue;
             }
             if rd.read_buf(&mut buf).await.unwrap() == 0 {
-                panic!("the server ended the session after {answered} answers");
+                panic!("the server ended the session after {seen:?} answers");
             }
         }
         capped
     });
+    let open = |sender, dest| {
+        Frame::Open {
+            sender,
+            window: 1 << 16,
+            max_packet: u16::MAX,
+            dest,
+        }
+        .to_bytes()
+        .unwrap()
+    };
+    let silent = format!("tcp://{hole_addr}");
+    // Every connect busy first (64, for 250 ms each), so that the pairs
+    // queue however fast the server reads them.
+    for i in 0..64 {
+        wr.write_all(&open(2 * (PAIRS + i), silent.clone()))
+            .await
+            .unwrap();
+    }
     // Fits a frame (10 bytes of OPEN before it); no port, so it is refused
     // as soon as a connect task looks at it (a name would be looked up).
     let long = format!("tcp://{}", "a".repeat(MAX_FRAME_LEN - 10 - 6 - 16));
     for i in 0..PAIRS {
-        for (sender, dest) in [
-            (2 * i, format!("tcp://{hole_addr}")),
-            (2 * i + 1, long.clone()),
-        ] {
-            let open = Frame::Open {
-                sender,
-                window: 1 << 16,
-                max_packet: u16::MAX,
-                dest,
-            };
-            wr.write_all(&open.to_bytes().unwrap()).await.unwrap();
-        }
+        wr.write_all(&open(2 * i, silent.clone())).await.unwrap();
+        wr.write_all(&open(2 * i + 1, long.clone())).await.unwrap();
     }
-    let capped = within(60, answers).await.unwrap();
+    let Ok(capped) = tokio::time::timeout(Duration::from_secs(60), answers).await else {
+        panic!("{answered:?} of {PAIRS} long OPENs answered in 60 s");
+    };
+    let capped = capped.unwrap();
     let growth = status_bytes("VmHWM:").saturating_sub(before);
     assert!(
         growth < GROWTH,

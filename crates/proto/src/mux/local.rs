@@ -8,8 +8,16 @@ use bytes::Bytes;
 
 use super::stream::{Down, Phase, Up};
 use super::{Event, IncomingOpen, Mux, Refused, MAX_BINDS};
-use crate::frame::{write_data_header, Frame, Reason, DATA_HEADER_LEN};
+use crate::frame::{write_data_header, Frame, Reason, DATA_HEADER_LEN, MAX_FRAME_LEN};
 use crate::outframe::OutFrame;
+
+/// What `open` and `bind` say of strings too long for a frame.
+fn too_long(what: &str) -> Refused {
+    Refused::new(
+        Reason::GENERAL_FAILURE,
+        format!("{what} too long: a frame holds at most {MAX_FRAME_LEN} bytes"),
+    )
+}
 
 impl Mux {
     // ---- local events ------------------------------------------------
@@ -30,6 +38,17 @@ impl Mux {
         }
         if self.slots_used() >= self.cfg.max_streams {
             return Err(Refused::new(Reason::GENERAL_FAILURE, "too many streams"));
+        }
+        // A frame too long to encode would never be sent (a `-R` peer's
+        // destination comes back to it in our OPENs): refuse it here.
+        let empty = Frame::Open {
+            sender: 0,
+            window: 0,
+            max_packet: 0,
+            dest: String::new(),
+        };
+        if empty.encoded_len() + dest.len() > MAX_FRAME_LEN {
+            return Err(too_long("destination"));
         }
         let deadline = now + self.cfg.open_timeout.as_nanos() as u64;
         let id = self.new_stream(0, 0, 0, Phase::Opening { deadline }, now);
@@ -101,6 +120,14 @@ impl Mux {
                 Reason::GENERAL_FAILURE,
                 "session closed or too many binds",
             ));
+        }
+        let empty = Frame::Bind {
+            request: 0,
+            bind: String::new(),
+            dest: String::new(),
+        };
+        if empty.encoded_len() + bind.len() + dest.len() > MAX_FRAME_LEN {
+            return Err(too_long("reverse forward"));
         }
         let request = self.next_bind;
         self.next_bind = self.next_bind.wrapping_add(1);

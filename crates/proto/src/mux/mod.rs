@@ -482,7 +482,7 @@ impl Mux {
         }
         let Ok(b) = f.to_bytes() else {
             // Only an over-long string could fail: descriptions are cut
-            // above, and no other frame carries the peer's strings back.
+            // above, `open` and `bind` refuse strings that do not fit.
             return;
         };
         self.control_bytes += b.len();

@@ -89,7 +89,8 @@ fn a_slow_path_gets_smaller_data_frames() {
 #[test]
 fn a_refusal_quoting_a_long_destination_still_goes_out() {
     let mut m = mux();
-    let dest = format!("tcp://{}", "é".repeat((MAX_FRAME_LEN - 32) / 2));
+    // The cut falls inside an "é" (the quote's prefix has an even length).
+    let dest = format!("tcp://x{}", "é".repeat((MAX_FRAME_LEN - 32) / 2));
     m.handle_frame(
         Frame::Open {
             sender: 9,
@@ -124,9 +125,35 @@ fn a_refusal_quoting_a_long_destination_still_goes_out() {
                 "{}",
                 description.len()
             );
-            assert!(description.starts_with("unsupported destination 'tcp://éé"));
+            assert!(description.starts_with("unsupported destination 'tcp://xéé"));
             assert!(description.ends_with('…'));
         }
         f => panic!("expected the OPEN_FAILURE, got {f:?}"),
+    }
+}
+
+/// Our own OPEN or BIND too long for a frame is refused at once (it would
+/// never be sent, and its opener would wait out the open timeout); one
+/// that fits goes out.
+#[test]
+fn an_open_too_long_for_a_frame_is_refused_at_once() {
+    let mut m = mux();
+    let long = "x".repeat(MAX_FRAME_LEN);
+    let e = m.open(&long, 0).unwrap_err();
+    assert!(e.description.contains("too long"), "{e:?}");
+    let e = m.bind("0", &long, 0).unwrap_err();
+    assert!(e.description.contains("too long"), "{e:?}");
+    let fits = "y".repeat(MAX_FRAME_LEN - 4 - 10);
+    m.open(&fits, 0).unwrap();
+    let mut batch = VecDeque::new();
+    m.poll_transmit(&mut batch, usize::MAX, usize::MAX);
+    let mut wire = BytesMut::new();
+    for f in batch {
+        wire.extend_from_slice(f.head());
+        wire.extend_from_slice(&f.body);
+    }
+    match frame::decode(&mut wire, DecodeLimits::default()).unwrap() {
+        Some(Frame::Open { dest, .. }) => assert_eq!(dest, fits),
+        f => panic!("expected the OPEN, got {f:?}"),
     }
 }
