@@ -35,29 +35,35 @@ def cpu(pid):
     return (int(fields[11]) + int(fields[12])) / HZ
 
 
-def relays(wstunnel, binary, extra):
+def relays(wstunnel, binary, extra, started):
+    """Starts a server and a client relay, each appended to `started` as
+    soon as it runs (so that it is killed whatever happens next)."""
+    def start(*cmd):
+        started.append(subprocess.Popen(list(cmd), **QUIET))
+        return started[-1]
     if binary is None:
-        s = subprocess.Popen([wstunnel, "server", f"ws://127.0.0.1:{SERVER}"], **QUIET)
+        s = start(wstunnel, "server", f"ws://127.0.0.1:{SERVER}")
         time.sleep(0.5)
-        c = subprocess.Popen(
-            [wstunnel, "client", "-L", f"tcp://{FORWARD}:127.0.0.1:{TARGET}",
-             f"ws://127.0.0.1:{SERVER}"], **QUIET)
+        c = start(wstunnel, "client", "-L", f"tcp://127.0.0.1:{FORWARD}:127.0.0.1:{TARGET}",
+                  f"ws://127.0.0.1:{SERVER}")
     else:
         common = ["--insecure", "--control", "none"]
-        s = subprocess.Popen(
-            [binary, "server", "--listen", f"tcp://127.0.0.1:{SERVER}",
-             "--allow", f"127.0.0.1:{TARGET}", *common], **QUIET)
+        s = start(binary, "server", "--listen", f"tcp://127.0.0.1:{SERVER}",
+                  "--allow", f"127.0.0.1:{TARGET}", *common)
         time.sleep(0.5)
-        c = subprocess.Popen(
-            [binary, "client", f"tcp://127.0.0.1:{SERVER}", "-L",
-             f"{FORWARD}:127.0.0.1:{TARGET}", *common, *extra], **QUIET)
+        c = start(binary, "client", f"tcp://127.0.0.1:{SERVER}", "-L",
+                  f"127.0.0.1:{FORWARD}:127.0.0.1:{TARGET}", *common, *extra)
     time.sleep(1)
+    for p in (s, c):
+        if p.poll() is not None:
+            raise SystemExit(f"{p.args[0]} {p.args[1]} exited ({p.returncode}): is a port taken?")
     return c, s
 
 
 def one(label, wstunnel, binary, extra, sink):
-    c, s = relays(wstunnel, binary, extra)
+    started = []
     try:
+        c, s = relays(wstunnel, binary, extra, started)
         c0, s0, i0 = cpu(c.pid), cpu(s.pid), cpu(sink.pid)
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run(
@@ -68,7 +74,7 @@ def one(label, wstunnel, binary, extra, sink):
         app = (r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) / gb
         cr, sr, rx = (cpu(c.pid) - c0) / gb, (cpu(s.pid) - s0) / gb, (cpu(sink.pid) - i0) / gb
     finally:
-        for p in (c, s):
+        for p in started:
             p.kill()
             p.wait()
     print(f"{label:10s} {gb:5.1f} GB | client relay {cr:.3f} + sending app {app:.3f}"
@@ -87,7 +93,7 @@ def main():
         label, rest = b.split("=", 1)
         binary, *extra = rest.split(",")
         builds.append((label, binary, extra))
-    sink = subprocess.Popen(["iperf3", "-s", "-p", str(TARGET)], **QUIET)
+    sink = subprocess.Popen(["iperf3", "-s", "-B", "127.0.0.1", "-p", str(TARGET)], **QUIET)
     try:
         time.sleep(0.3)
         for _ in range(a.rounds):

@@ -91,6 +91,10 @@ fn port(s: &str) -> Option<u16> {
     s.parse().ok()
 }
 
+/// Longest host name (or address) in a `-L`/`-R` spec: DNS names have at
+/// most 253 characters.
+const MAX_HOST: usize = 255;
+
 /// Parses `-L`/`-R` specs; `flag` names the option in error messages.
 pub fn parse_forward(s: &str, flag: &str) -> Result<ForwardSpec, String> {
     let err = || {
@@ -131,6 +135,15 @@ pub fn parse_forward(s: &str, flag: &str) -> Result<ForwardSpec, String> {
     };
     if rest[1].is_empty() {
         return Err(err());
+    }
+    // Said without the spec itself, which may be as long as the host.
+    for (what, host) in [("listen address", &bind), ("target host", &rest[1])] {
+        if host.len() > MAX_HOST {
+            return Err(format!(
+                "invalid {flag}: its {what} is {} bytes long; a host name has at most {MAX_HOST}",
+                host.len()
+            ));
+        }
     }
     Ok(ForwardSpec {
         transport,
@@ -215,6 +228,14 @@ mod tests {
         ] {
             let e = parse_forward(bad, "-L").unwrap_err();
             assert!(e.starts_with("invalid -L"), "{e}");
+        }
+        // Too long for any host name: one short line, not the spec again.
+        let long = "h".repeat(MAX_HOST + 1);
+        assert!(parse_forward(&format!("1:{}:2", &long[1..]), "-L").is_ok());
+        for spec in [format!("1:{long}:2"), format!("{long}:1:h:2")] {
+            let e = parse_forward(&spec, "-R").unwrap_err();
+            assert!(e.starts_with("invalid -R: its "), "{e}");
+            assert!(e.len() < 120, "{e}");
         }
     }
 

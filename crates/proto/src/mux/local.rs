@@ -11,8 +11,19 @@ use super::{Event, IncomingOpen, Mux, Refused, MAX_BINDS};
 use crate::frame::{write_data_header, Frame, Reason, DATA_HEADER_LEN, MAX_FRAME_LEN};
 use crate::outframe::OutFrame;
 
+/// Whether an OPEN to `dest` fits a frame.
+pub(super) fn open_fits(dest: &str) -> bool {
+    let empty = Frame::Open {
+        sender: 0,
+        window: 0,
+        max_packet: 0,
+        dest: String::new(),
+    };
+    empty.encoded_len() + dest.len() <= MAX_FRAME_LEN
+}
+
 /// What `open` and `bind` say of strings too long for a frame.
-fn too_long(what: &str) -> Refused {
+pub(super) fn too_long(what: &str) -> Refused {
     Refused::new(
         Reason::GENERAL_FAILURE,
         format!("{what} too long: a frame holds at most {MAX_FRAME_LEN} bytes"),
@@ -41,13 +52,7 @@ impl Mux {
         }
         // A frame too long to encode would never be sent (a `-R` peer's
         // destination comes back to it in our OPENs): refuse it here.
-        let empty = Frame::Open {
-            sender: 0,
-            window: 0,
-            max_packet: 0,
-            dest: String::new(),
-        };
-        if empty.encoded_len() + dest.len() > MAX_FRAME_LEN {
+        if !open_fits(dest) {
             return Err(too_long("destination"));
         }
         let deadline = now + self.cfg.open_timeout.as_nanos() as u64;
@@ -121,12 +126,13 @@ impl Mux {
                 "session closed or too many binds",
             ));
         }
+        // The peer sends `dest` back in its OPENs: that frame must fit too.
         let empty = Frame::Bind {
             request: 0,
             bind: String::new(),
             dest: String::new(),
         };
-        if empty.encoded_len() + bind.len() + dest.len() > MAX_FRAME_LEN {
+        if empty.encoded_len() + bind.len() + dest.len() > MAX_FRAME_LEN || !open_fits(dest) {
             return Err(too_long("reverse forward"));
         }
         let request = self.next_bind;

@@ -272,6 +272,14 @@ impl Mux {
                         reason: Reason::GENERAL_FAILURE,
                         description: "too many reverse forwards".into(),
                     });
+                } else if !super::local::open_fits(&dest) {
+                    // Our OPENs back to `dest` could never be sent.
+                    let refused = super::local::too_long("destination");
+                    self.send_control(Frame::BindFailure {
+                        request,
+                        reason: refused.reason,
+                        description: refused.description,
+                    });
                 } else {
                     self.binds_in += 1;
                     self.events.push_back(Event::BindRequest {

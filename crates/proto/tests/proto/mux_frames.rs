@@ -107,19 +107,12 @@ fn a_refusal_quoting_a_long_destination_still_goes_out() {
     };
     let why = format!("unsupported destination '{dest}'");
     m.refuse_open(open, Refused::new(Reason::ADDRESS_TYPE_NOT_SUPPORTED, why));
-    let mut batch = VecDeque::new();
-    m.poll_transmit(&mut batch, usize::MAX, usize::MAX);
-    let mut wire = BytesMut::new();
-    for f in batch {
-        wire.extend_from_slice(f.head());
-        wire.extend_from_slice(&f.body);
-    }
-    match frame::decode(&mut wire, DecodeLimits::default()).unwrap() {
-        Some(Frame::OpenFailure {
+    match &sent(&mut m)[..] {
+        [Frame::OpenFailure {
             recipient: 9,
             description,
             ..
-        }) => {
+        }] => {
             assert!(
                 description.len() <= MAX_DESCRIPTION,
                 "{}",
@@ -134,17 +127,50 @@ fn a_refusal_quoting_a_long_destination_still_goes_out() {
 
 /// Our own OPEN or BIND too long for a frame is refused at once (it would
 /// never be sent, and its opener would wait out the open timeout); one
-/// that fits goes out.
+/// that just fits goes out. A peer's BIND whose destination our OPENs
+/// could not carry back is refused.
 #[test]
 fn an_open_too_long_for_a_frame_is_refused_at_once() {
     let mut m = mux();
-    let long = "x".repeat(MAX_FRAME_LEN);
-    let e = m.open(&long, 0).unwrap_err();
+    // An OPEN is 4 bytes of header and 10 of fields before its destination.
+    let fits = "y".repeat(MAX_FRAME_LEN - 14);
+    let over = format!("{fits}y");
+    let e = m.open(&over, 0).unwrap_err();
     assert!(e.description.contains("too long"), "{e:?}");
-    let e = m.bind("0", &long, 0).unwrap_err();
+    let e = m.bind("0", &over, 0).unwrap_err();
     assert!(e.description.contains("too long"), "{e:?}");
-    let fits = "y".repeat(MAX_FRAME_LEN - 4 - 10);
     m.open(&fits, 0).unwrap();
+    m.bind("0", &fits, 0).unwrap();
+    match &sent(&mut m)[..] {
+        [Frame::Open { dest, .. }, Frame::Bind { dest: back, .. }] => {
+            assert_eq!(dest, &fits);
+            assert_eq!(back, &fits);
+        }
+        f => panic!("expected the OPEN and the BIND, got {f:?}"),
+    }
+
+    // The peer's BIND fits a frame, an OPEN back to its destination would not.
+    m.handle_frame(
+        Frame::Bind {
+            request: 7,
+            bind: "0".into(),
+            dest: over,
+        },
+        0,
+    )
+    .unwrap();
+    match &sent(&mut m)[..] {
+        [Frame::BindFailure {
+            request: 7,
+            description,
+            ..
+        }] => assert!(description.contains("too long"), "{description}"),
+        f => panic!("expected the BIND_FAILURE, got {f:?}"),
+    }
+}
+
+/// The frames `m` has to send, decoded.
+fn sent(m: &mut Mux) -> Vec<Frame> {
     let mut batch = VecDeque::new();
     m.poll_transmit(&mut batch, usize::MAX, usize::MAX);
     let mut wire = BytesMut::new();
@@ -152,8 +178,5 @@ fn an_open_too_long_for_a_frame_is_refused_at_once() {
         wire.extend_from_slice(f.head());
         wire.extend_from_slice(&f.body);
     }
-    match frame::decode(&mut wire, DecodeLimits::default()).unwrap() {
-        Some(Frame::Open { dest, .. }) => assert_eq!(dest, fits),
-        f => panic!("expected the OPEN, got {f:?}"),
-    }
+    std::iter::from_fn(|| frame::decode(&mut wire, DecodeLimits::default()).unwrap()).collect()
 }

@@ -37,7 +37,11 @@ pub fn free_port() -> u16 {
             .port();
         // Free for UDP as well: QUIC carriers and UDP forwards take the
         // same number there.
-        let udp_free = std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok();
+        let udp_free = match std::net::UdpSocket::bind(("127.0.0.1", port)) {
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => false,
+            Err(e) => panic!("cannot bind UDP on 127.0.0.1: {e}"),
+        };
         if udp_free && !given.contains(&port) {
             given.push(port);
             return port;
