@@ -3,7 +3,7 @@
 and both iperf3 ends, wstunnel and longhaul builds, interleaved (benchmark;
 docs/BENCHMARKS.md, issue 38's fifth part).
 
-  machine_cpu.py --wstunnel PATH [--rounds 3] LABEL=BINARY[,CLIENT_ARG...] ...
+  machine_cpu.py --wstunnel PATH [--rounds 3] [--reverse] LABEL=BINARY[,CLIENT_ARG...] ...
 
 e.g. `lh=target/release/longhaul lh-nr=target/release/longhaul,--no-reconnect`.
 
@@ -13,7 +13,8 @@ at that moment, so a relay that reads its application promptly takes on
 work the application's own writes would otherwise pay; the relays alone
 overstate the difference between tools.
 
-A 5 s iperf3 upload through `-L` per build and round. The relays' and the
+A 5 s iperf3 upload through `-L` per build and round (`--reverse`: a
+download, the gateway's relay reading the target). The relays' and the
 receiving iperf3's CPU come from /proc/PID/stat, the sending iperf3's from
 its rusage (a child of this script). Loopback ports below 32768 only;
 every process started here is killed by PID at the end.
@@ -60,14 +61,15 @@ def relays(wstunnel, binary, extra, started):
     return c, s
 
 
-def one(label, wstunnel, binary, extra, sink):
+def one(label, wstunnel, binary, extra, sink, reverse):
     started = []
     try:
         c, s = relays(wstunnel, binary, extra, started)
         c0, s0, i0 = cpu(c.pid), cpu(s.pid), cpu(sink.pid)
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run(
-            ["iperf3", "-c", "127.0.0.1", "-p", str(FORWARD), "-t", "5", "-J"],
+            ["iperf3", "-c", "127.0.0.1", "-p", str(FORWARD), "-t", "5", "-J"]
+            + (["-R"] if reverse else []),
             capture_output=True, text=True, check=True).stdout
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         gb = json.loads(out)["end"]["sum_received"]["bytes"] / 1e9
@@ -77,8 +79,10 @@ def one(label, wstunnel, binary, extra, sink):
         for p in started:
             p.kill()
             p.wait()
-    print(f"{label:10s} {gb:5.1f} GB | client relay {cr:.3f} + sending app {app:.3f}"
-          f" = {cr + app:.3f} | server relay {sr:.3f} + receiving app {rx:.3f}"
+    # The script's iperf3 is the client side's application, the sink the
+    # target: which of them sends depends on the direction.
+    print(f"{label:10s} {gb:5.1f} GB | client relay {cr:.3f} + its app {app:.3f}"
+          f" = {cr + app:.3f} | server relay {sr:.3f} + target {rx:.3f}"
           f" = {sr + rx:.3f} | all four {cr + app + sr + rx:.3f} s/GB", flush=True)
 
 
@@ -86,6 +90,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--wstunnel", required=True)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reverse", action="store_true")
     ap.add_argument("builds", nargs="+", metavar="LABEL=BINARY[,CLIENT_ARG...]")
     a = ap.parse_args()
     builds = []
@@ -97,9 +102,9 @@ def main():
     try:
         time.sleep(0.3)
         for _ in range(a.rounds):
-            one("wstunnel", a.wstunnel, None, [], sink)
+            one("wstunnel", a.wstunnel, None, [], sink, a.reverse)
             for label, binary, extra in builds:
-                one(label, a.wstunnel, binary, extra, sink)
+                one(label, a.wstunnel, binary, extra, sink, a.reverse)
     finally:
         sink.kill()
         sink.wait()
