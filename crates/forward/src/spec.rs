@@ -91,8 +91,8 @@ fn port(s: &str) -> Option<u16> {
     s.parse().ok()
 }
 
-/// Longest host name (or address) in a `-L`/`-R` spec: DNS names have at
-/// most 253 characters.
+/// Longest host name (or address) in a `-L`/`-R` spec: a DNS name has at
+/// most 253 characters, 254 with a final dot.
 const MAX_HOST: usize = 255;
 
 /// Parses `-L`/`-R` specs; `flag` names the option in error messages.
