@@ -9,21 +9,10 @@
 use crate::frame::Frame;
 
 use super::stream::Phase;
-use super::{Event, Mux};
+use super::{truncate_utf8, Event, Mux};
 
 /// Longest drain reason kept or sent (bytes): it is only logged.
 pub const MAX_DRAIN_REASON: usize = 200;
-
-/// Cuts `s` to at most `max` bytes, on a character boundary.
-fn truncate_utf8(s: &mut String, max: usize) {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-}
 
 impl Mux {
     /// Ends the session politely: CLOSE for every open stream, new OPENs

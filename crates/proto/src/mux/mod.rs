@@ -92,17 +92,23 @@ pub struct MuxConfig {
 /// are cut at a character and end in "…".
 pub const MAX_DESCRIPTION: usize = 1024;
 
+/// Cuts `s` to at most `max` bytes, at a character.
+fn truncate_utf8(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+}
+
 /// Cuts `s` to at most `max` bytes (≥ 3), ending in "…" when cut.
 fn shorten(s: &mut String, max: usize) {
-    if s.len() <= max {
-        return;
+    if s.len() > max {
+        truncate_utf8(s, max - '…'.len_utf8());
+        s.push('…');
     }
-    let mut end = max - '…'.len_utf8();
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s.truncate(end);
-    s.push('…');
 }
 
 /// Why an OPEN or BIND was refused.
