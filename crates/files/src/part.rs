@@ -18,6 +18,11 @@ use crate::sys::{self, Dir, FileKind, Why};
 /// The folder, beside the final names, that holds their partial copies.
 pub const PART_DIR: &str = ".longhaul-partial";
 
+/// Attempts at opening a partial copy while other copies into the same
+/// folder finish and remove the state folder under it: each failure means
+/// another copy finished in between, so a few suffice; bounded all the same.
+const OPEN_TRIES: u32 = 20;
+
 /// A partial copy, open for writing, and where it goes when verified.
 #[derive(Debug)]
 pub struct Part {
@@ -42,15 +47,15 @@ impl Part {
     /// is not locked: callers lock it (`flock`) as they need.
     pub fn open(dir: Dir, name: &[u8]) -> io::Result<Part> {
         // A copy that finishes removes the state folder when it is empty:
-        // one that opened it just before finds it gone, and makes it again.
+        // one that made or opened it just before finds it gone (opening it,
+        // or making its file in it), and makes it again.
         let mut tries = 0;
         loop {
             tries += 1;
-            let state = open_state(&dir)?;
-            match open_file(&state, name) {
-                Err(e) if sys::why(&e) == Why::NotFound && tries < 5 => continue,
+            match open_state(&dir).and_then(|state| Ok((open_file(&state, name)?, state))) {
+                Err(e) if sys::why(&e) == Why::NotFound && tries < OPEN_TRIES => continue,
                 Err(e) => return Err(e),
-                Ok(file) => {
+                Ok((file, state)) => {
                     return Ok(Part {
                         dir,
                         state,
@@ -201,6 +206,33 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o600);
         assert!(!d.join(PART_DIR).exists(), "an empty state folder stays");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Copies into one folder at once: each one that finishes removes the
+    /// state folder when it is empty, under the others' feet. None fails
+    /// (a copy that found the folder gone between making and opening it
+    /// once failed with "No such file or directory").
+    #[test]
+    fn copies_into_one_folder_at_once_do_not_trip_each_other() {
+        let d = tmp("race");
+        let workers: Vec<_> = (0..4)
+            .map(|t| {
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    for i in 0..300 {
+                        let name = format!("f{t}-{i}");
+                        let p = Part::open(open_dir(&d), name.as_bytes())
+                            .unwrap_or_else(|e| panic!("{name}: {e}"));
+                        p.finish(0o100644).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1200);
         std::fs::remove_dir_all(&d).unwrap();
     }
 
